@@ -1,0 +1,86 @@
+"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune.
+
+Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
+and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
+a traceback; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from bert_mp.errors import BertMPError
+
+# subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
+COMMANDS = {
+    "prepare": ("bert_mp.prepare", "command", "raw text -> NSP + MLM pretraining data (cached by config hash)"),
+    "train": ("bert_mp.train", "command", "pretrain BertForPreTraining under fp32 / tf32 / bf16 / fp16"),
+    "sweep": ("bert_mp.sweep", "command", "run a precision sweep and write the loss-parity report"),
+    "report": ("bert_mp.report", "command", "(re)write the report of a sweep folder"),
+    "finetune": ("bert_mp.finetune", "command", "fine-tune a checkpoint for sequence classification"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bert-mp",
+        description="BERT pretraining with Hugging Face, built for mixed-precision work.",
+    )
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, _, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        if name == "report":
+            sp.add_argument("path", help="sweep output folder")
+        else:
+            sp.add_argument(
+                "args",
+                nargs="*",
+                metavar="[CONFIG.yaml] [key=value ...]",
+                help="an optional YAML recipe followed by dotted overrides, e.g. train.precision=bf16",
+            )
+        if name == "prepare":
+            sp.add_argument("--force", action="store_true", help="rebuild even if a cached copy exists")
+        sp.add_argument("--debug", action="store_true", help="show full tracebacks")
+    return p
+
+
+def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """First positional may be a YAML path; the rest must be key=value overrides."""
+    config = None
+    rest = list(args)
+    if rest and "=" not in rest[0]:
+        config = rest.pop(0)
+    bad = [a for a in rest if "=" not in a]
+    if bad:
+        raise BertMPError(f"expected key=value overrides after the config file, got {bad[0]!r}")
+    return config, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
+    module_name, func_name, _ = COMMANDS[ns.command]
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        if ns.command == "report":
+            return int(func(ns.path) or 0)
+        config, overrides = split_config_args(ns.args)
+        kwargs = {"force": ns.force} if ns.command == "prepare" else {}
+        return int(func(config, overrides, **kwargs) or 0)
+    except BertMPError as e:
+        if debug:
+            raise
+        print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bert-mp {ns.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,381 @@
+"""One typed config tree for every bert_mp command.
+
+Defaults live in the dataclasses below; a YAML recipe from ``configs/`` is merged on top, and dotted
+CLI overrides (``train.micro_batch_size=64``) on top of that (OmegaConf structured configs do the
+merging and type checking). Unknown keys and bad values fail before any work starts, with a message
+naming the key. Each section owns a ``validate()`` that checks ranges and choices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from bert_mp.errors import ConfigError
+
+
+def _check(cond: bool, key: str, msg: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg} (got {value!r})")
+
+
+def _choice(value: Any, key: str, choices: tuple) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}", value)
+
+
+def _range(value: Any, key: str, lo: float | None = None, hi: float | None = None) -> None:
+    if lo is not None and hi is not None:
+        _check(lo <= value <= hi, key, f"must be between {lo} and {hi}", value)
+    elif lo is not None:
+        _check(value >= lo, key, f"must be >= {lo}", value)
+    elif hi is not None:
+        _check(value <= hi, key, f"must be <= {hi}", value)
+
+
+# --------------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer, NSP pairing and MLM masking: everything ``bert-mp prepare`` does."""
+
+    source: str = "builtin"
+    """Corpus source: builtin (stdlib docstrings + pydoc topics, offline), text, jsonl, csv, parquet, hub."""
+    paths: List[str] = field(default_factory=list)
+    """Files or glob patterns for local sources (text: a blank line separates documents)."""
+    text_column: str = "text"
+    """Column holding the text for jsonl / csv / parquet / hub sources."""
+    hub_name: Optional[str] = None
+    """Hugging Face Hub dataset name for source=hub (e.g. ``wikitext``)."""
+    hub_config: Optional[str] = None
+    """Hub dataset configuration name (e.g. ``wikitext-103-raw-v1``)."""
+    hub_split: str = "train"
+    """Hub split to read."""
+    streaming: bool = False
+    """Stream the Hub dataset instead of downloading it whole (for corpora larger than the disk)."""
+    encoding_errors: str = "replace"
+    """Invalid UTF-8 bytes: ``replace`` (U+FFFD, counted in stats) or ``strict`` (stop with an error)."""
+    max_documents: Optional[int] = None
+    """Read at most this many documents (None: all)."""
+    validation_fraction: float = 0.02
+    """Share of documents held out for the validation split (split by document, never by pair)."""
+
+    tokenizer: Optional[str] = None
+    """None: train a WordPiece tokenizer on the corpus. Otherwise a Hub name or local path."""
+    vocab_size: int = 8192
+    """Vocabulary size when training a tokenizer."""
+    lowercase: bool = True
+    """Lowercase (uncased BERT) when training a tokenizer."""
+    sentence_splitter: str = "rule"
+    """Sentence splitter: ``rule`` (fast, built in) or ``nltk`` / ``blingfire`` when installed."""
+
+    max_seq_length: int = 128
+    """Tokens per example including [CLS] and two [SEP]."""
+    short_seq_prob: float = 0.1
+    """Probability of a shorter random target length (BERT reference: 0.1)."""
+    nsp_random_prob: float = 0.5
+    """Probability that B is a random sentence from another document."""
+    dupe_factor: int = 1
+    """Repeat the pairing pass this many times with different randomness."""
+
+    masking: str = "dynamic"
+    """``dynamic`` (masked by the collator at load time, new mask every epoch) or ``static`` (masked once)."""
+    mlm_probability: float = 0.15
+    """Share of non-special tokens selected for prediction."""
+    mask_token_prob: float = 0.8
+    """Of the selected tokens: share replaced with [MASK]."""
+    random_token_prob: float = 0.1
+    """Of the selected tokens: share replaced with a random regular token (the rest stay unchanged)."""
+    max_predictions_per_seq: int = 20
+    """Cap on masked positions per sequence."""
+    whole_word_masking: bool = False
+    """Mask whole words (a token and its ## continuations) together."""
+
+    seed: int = 12345
+    """Seed for every random choice in data preparation and masking."""
+    num_proc: int = 1
+    """Worker processes for ``datasets.map``; the output is identical for any value."""
+    num_shards: int = 1
+    """Shards per split written by ``save_to_disk``."""
+    cache_dir: str = "runs/data"
+    """Prepared data goes to ``<cache_dir>/<hash of this section>/``; the same config reuses it."""
+
+    def validate(self) -> None:
+        _choice(self.source, "data.source", ("builtin", "text", "jsonl", "csv", "parquet", "hub"))
+        if self.source in ("text", "jsonl", "csv", "parquet"):
+            _check(len(self.paths) > 0, "data.paths", f"source={self.source} needs at least one path", self.paths)
+        if self.source == "hub":
+            _check(bool(self.hub_name), "data.hub_name", "source=hub needs a dataset name", self.hub_name)
+        _choice(self.encoding_errors, "data.encoding_errors", ("replace", "strict"))
+        _choice(self.sentence_splitter, "data.sentence_splitter", ("rule", "nltk", "blingfire"))
+        _choice(self.masking, "data.masking", ("dynamic", "static"))
+        _range(self.max_seq_length, "data.max_seq_length", 8, 512)
+        _range(self.vocab_size, "data.vocab_size", 64, 1_000_000)
+        _range(self.short_seq_prob, "data.short_seq_prob", 0.0, 1.0)
+        _range(self.nsp_random_prob, "data.nsp_random_prob", 0.0, 1.0)
+        _range(self.dupe_factor, "data.dupe_factor", 1)
+        _range(self.mlm_probability, "data.mlm_probability", 0.0, 1.0)
+        _check(self.mlm_probability > 0, "data.mlm_probability", "must be > 0", self.mlm_probability)
+        _range(self.mask_token_prob, "data.mask_token_prob", 0.0, 1.0)
+        _range(self.random_token_prob, "data.random_token_prob", 0.0, 1.0)
+        _check(
+            self.mask_token_prob + self.random_token_prob <= 1.0 + 1e-9,
+            "data.random_token_prob",
+            "mask_token_prob + random_token_prob must be <= 1",
+            self.random_token_prob,
+        )
+        _range(self.max_predictions_per_seq, "data.max_predictions_per_seq", 1)
+        _range(self.validation_fraction, "data.validation_fraction", 0.0, 0.5)
+        _range(self.num_proc, "data.num_proc", 1, 256)
+        _range(self.num_shards, "data.num_shards", 1)
+        if self.max_documents is not None:
+            _range(self.max_documents, "data.max_documents", 1)
+
+    def cache_key(self) -> str:
+        """Hash of every setting that changes the prepared bytes (not num_proc, not cache_dir)."""
+        d = asdict(self)
+        for k in ("num_proc", "cache_dir"):
+            d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """BertForPreTraining architecture: a size preset with any field overridable."""
+
+    preset: str = "tiny"
+    """tiny (2x128) | mini (4x256) | small (4x512) | medium (8x512) | base (12x768) | large (24x1024)."""
+    hidden_size: Optional[int] = None
+    num_hidden_layers: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    max_position_embeddings: int = 512
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    vocab_size: Optional[int] = None
+    """None: the prepared tokenizer's size rounded up to a multiple of 64."""
+    init_from: Optional[str] = None
+    """Continue pretraining from this checkpoint folder or Hub name instead of random init."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel: sdpa (default) or eager."""
+    sparse_mlm_head: bool = True
+    """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
+
+    def validate(self) -> None:
+        _choice(self.preset, "model.preset", ("tiny", "mini", "small", "medium", "base", "large"))
+        _choice(self.attn_implementation, "model.attn_implementation", ("sdpa", "eager"))
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+            v = getattr(self, name)
+            if v is not None:
+                _range(v, f"model.{name}", 1)
+        _range(self.max_position_embeddings, "model.max_position_embeddings", 8)
+        _range(self.hidden_dropout_prob, "model.hidden_dropout_prob", 0.0, 1.0)
+        _range(self.attention_probs_dropout_prob, "model.attention_probs_dropout_prob", 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# train
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    """The pretraining loop: precision, optimisation, logging, checkpoints."""
+
+    output_dir: str = "runs/train"
+    """Run folder: metrics.jsonl, summary.json, config.yaml, checkpoints/, final/."""
+    precision: str = "fp32"
+    """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (with dynamic loss scaling)."""
+    seed: int = 42
+    """Seed for weight init, data order and dynamic masking."""
+    max_steps: int = 200
+    """Optimizer steps to run."""
+    global_batch_size: int = 32
+    """Sequences per optimizer step across all ranks and accumulation steps."""
+    micro_batch_size: int = 32
+    """Sequences per forward pass per rank; accumulation = global / (micro * ranks)."""
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    fused_adamw: bool = True
+    """Use fused AdamW where torch supports it on the device."""
+    warmup_steps: int = 0
+    lr_schedule: str = "linear"
+    """linear | polynomial | constant (after warmup)."""
+    lr_power: float = 1.0
+    """Power of the polynomial decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping (0 disables); applied to unscaled gradients."""
+    fp16_init_scale: float = 65536.0
+    fp16_growth_interval: int = 2000
+    max_consecutive_skipped_steps: int = 20
+    """fp16: stop (after saving) when this many optimizer steps in a row overflow."""
+    log_every: int = 10
+    """Progress-bar / tracker refresh interval in steps (metrics.jsonl gets every step)."""
+    eval_every: int = 0
+    """Evaluate on the validation split every N steps (0: only at the end)."""
+    eval_max_batches: Optional[int] = None
+    """Cap on validation batches per evaluation (None: the whole split)."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end / on a signal)."""
+    save_total_limit: int = 2
+    """Keep this many most recent checkpoints."""
+    resume: Optional[str] = None
+    """``latest`` or a checkpoint folder to resume from."""
+    callbacks: List[str] = field(default_factory=lambda: ["throughput", "loss", "memory", "loss_scale"])
+    """Callbacks by name."""
+    log_with: List[str] = field(default_factory=list)
+    """Experiment trackers through Accelerate (e.g. tensorboard, wandb)."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    export: bool = True
+    """Write final/ with save_pretrained + tokenizer at the end."""
+    parity_reference: Optional[str] = None
+    """Reference metrics.jsonl for the live parity callback."""
+    parity_tolerance: float = 0.1
+    """Relative MLM-loss deviation (smoothed) beyond which the parity callback reacts."""
+    parity_action: str = "warn"
+    """warn | stop when the run leaves the parity band."""
+    progress_bar: bool = True
+
+    def validate(self) -> None:
+        _choice(self.precision, "train.precision", ("fp32", "tf32", "bf16", "fp16"))
+        _choice(self.lr_schedule, "train.lr_schedule", ("linear", "polynomial", "constant"))
+        _choice(self.parity_action, "train.parity_action", ("warn", "stop"))
+        _range(self.max_steps, "train.max_steps", 1)
+        _range(self.micro_batch_size, "train.micro_batch_size", 1)
+        _range(self.global_batch_size, "train.global_batch_size", 1)
+        _check(
+            self.global_batch_size % self.micro_batch_size == 0,
+            "train.global_batch_size",
+            f"must be a multiple of train.micro_batch_size={self.micro_batch_size}",
+            self.global_batch_size,
+        )
+        _check(self.learning_rate > 0, "train.learning_rate", "must be > 0", self.learning_rate)
+        _range(self.weight_decay, "train.weight_decay", 0.0)
+        _range(self.adam_beta1, "train.adam_beta1", 0.0, 1.0)
+        _range(self.adam_beta2, "train.adam_beta2", 0.0, 1.0)
+        _check(self.adam_epsilon > 0, "train.adam_epsilon", "must be > 0", self.adam_epsilon)
+        _range(self.warmup_steps, "train.warmup_steps", 0)
+        _range(self.max_grad_norm, "train.max_grad_norm", 0.0)
+        _check(self.fp16_init_scale > 0, "train.fp16_init_scale", "must be > 0", self.fp16_init_scale)
+        _range(self.fp16_growth_interval, "train.fp16_growth_interval", 1)
+        _range(self.max_consecutive_skipped_steps, "train.max_consecutive_skipped_steps", 1)
+        _range(self.log_every, "train.log_every", 1)
+        _range(self.eval_every, "train.eval_every", 0)
+        _range(self.save_every, "train.save_every", 0)
+        _range(self.save_total_limit, "train.save_total_limit", 1)
+        _range(self.num_workers, "train.num_workers", 0)
+        _check(self.parity_tolerance > 0, "train.parity_tolerance", "must be > 0", self.parity_tolerance)
+        if self.eval_max_batches is not None:
+            _range(self.eval_max_batches, "train.eval_max_batches", 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# sweep (owned by the sweep/report work; see bert_mp/sweep.py)
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class SweepConfig:
+    """Precision sweep: which axes to vary around the base config, and the parity verdict."""
+
+    output_dir: str = "runs/sweep"
+    precisions: List[str] = field(default_factory=lambda: ["fp32", "tf32", "bf16", "fp16"])
+    reference_seed: Optional[int] = None
+    """Second seed for the fp32 reference (None: train.seed + 1)."""
+
+    def validate(self) -> None:
+        for i, p in enumerate(self.precisions):
+            _choice(p, f"sweep.precisions[{i}]", ("fp32", "tf32", "bf16", "fp16"))
+
+
+# --------------------------------------------------------------------------------------------------
+# finetune (owned by the finetune work; see bert_mp/finetune.py)
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class FinetuneConfig:
+    """Sequence-classification fine-tuning of an exported checkpoint."""
+
+    output_dir: str = "runs/finetune"
+    checkpoint: Optional[str] = None
+    """Exported bert_mp folder, any BERT checkpoint path, or Hub name."""
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class Config:
+    """The whole tree. Every command reads the sections it needs."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    def validate(self) -> None:
+        for f in fields(self):
+            getattr(self, f.name).validate()
+
+
+# --------------------------------------------------------------------------------------------------
+# loading and saving
+# --------------------------------------------------------------------------------------------------
+def _format_omegaconf_error(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or "?"
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{key}: {first}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML recipe <- dotted overrides, type-checked and validated."""
+    base = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            y = OmegaConf.load(p)
+        except Exception as e:  # yaml syntax errors come from several libraries
+            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if y is None:
+            y = OmegaConf.create({})
+        layers.append(y)
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise ConfigError(f"override {ov!r} is not of the form section.key=value")
+    if overrides:
+        try:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"bad override: {_format_omegaconf_error(e)}") from None
+    try:
+        merged = OmegaConf.merge(base, *layers)
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(_format_omegaconf_error(e)) from None
+    cfg.validate()
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict:
+    """Plain dict of a config (or a section)."""
+    assert is_dataclass(cfg)
+    return asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from bert_mp.io import atomic_write_text
+
+    atomic_write_text(Path(path), OmegaConf.to_yaml(OmegaConf.structured(cfg)))

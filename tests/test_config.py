@@ -1,0 +1,66 @@
+from pathlib import Path
+
+import pytest
+
+from bert_mp.cli import main
+from bert_mp.config import Config, load_config
+from bert_mp.errors import ConfigError
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
+RECIPES = [p for p in CONFIGS if "accelerate" not in p.parts]
+
+
+def test_defaults_validate():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg.data.max_seq_length == 128
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_loads(path):
+    load_config(path)
+
+
+def test_overrides_apply_and_are_typed(tmp_path):
+    cfg = load_config(None, ["train.micro_batch_size=8", "train.global_batch_size=16", "data.lowercase=false"])
+    assert cfg.train.micro_batch_size == 8 and cfg.data.lowercase is False
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.nope=1", "train.nope"),
+        ("data.max_seq_length=abc", "data.max_seq_length"),
+        ("data.max_seq_length=4", "data.max_seq_length"),
+        ("data.max_seq_length=1024", "data.max_seq_length"),
+        ("train.precision=fp8", "train.precision"),
+        ("train.global_batch_size=33", "train.global_batch_size"),
+        ("data.mlm_probability=1.5", "data.mlm_probability"),
+        ("model.preset=huge", "model.preset"),
+        ("bogus.key=1", "bogus"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as ei:
+        load_config(None, [override])
+    assert key in str(ei.value)
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("does/not/exist.yaml")
+
+
+def test_cli_reports_config_error_in_one_line(capsys):
+    rc = main(["prepare", "data.max_seq_length=4"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "data.max_seq_length" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cache_key_ignores_num_proc_but_not_seed():
+    a = load_config(None, ["data.num_proc=1"]).data.cache_key()
+    b = load_config(None, ["data.num_proc=4"]).data.cache_key()
+    c = load_config(None, ["data.seed=7"]).data.cache_key()
+    assert a == b != c
