@@ -134,6 +134,7 @@ class DataConfig:
         _range(self.validation_fraction, "data.validation_fraction", 0.0, 0.5)
         _range(self.num_proc, "data.num_proc", 1, 256)
         _range(self.num_shards, "data.num_shards", 1)
+        _range(self.seed, "data.seed", 0)
         if self.max_documents is not None:
             _range(self.max_documents, "data.max_documents", 1)
 
@@ -252,6 +253,8 @@ class TrainConfig:
         _choice(self.lr_schedule, "train.lr_schedule", ("linear", "polynomial", "constant"))
         _choice(self.parity_action, "train.parity_action", ("warn", "stop"))
         _range(self.max_steps, "train.max_steps", 1)
+        _range(self.seed, "train.seed", 0)
+        _check(self.lr_power > 0, "train.lr_power", "must be > 0", self.lr_power)
         _range(self.micro_batch_size, "train.micro_batch_size", 1)
         _range(self.global_batch_size, "train.global_batch_size", 1)
         _check(
@@ -336,6 +339,34 @@ def _format_omegaconf_error(e: OmegaConfBaseException) -> str:
     return f"{key}: {first}"
 
 
+def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict) and node:
+        return [k for key, v in node.items() for k in _leaf_keys(v, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")]
+
+
+def _merge_checked(base: Any, layer: Any) -> Any:
+    """Merge ``layer`` into ``base``; on failure name the offending key.
+
+    OmegaConf names the key for most errors but raises a bare TypeError for container mismatches
+    (a mapping given for a list field, say); then each leaf is merged alone to find the culprit.
+    """
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_format_omegaconf_error(e)) from None
+    except (TypeError, ValueError) as e:
+        plain = OmegaConf.to_container(layer)
+        for key in _leaf_keys(plain):
+            single = OmegaConf.create({})
+            OmegaConf.update(single, key, OmegaConf.select(layer, key), force_add=True)
+            try:
+                OmegaConf.merge(base, single)
+            except Exception:
+                raise ConfigError(f"{key}: invalid value ({e})") from None
+        raise ConfigError(f"invalid config: {e}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- YAML recipe <- dotted overrides, type-checked and validated."""
     base = OmegaConf.structured(Config)
@@ -359,8 +390,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             layers.append(OmegaConf.from_dotlist(list(overrides)))
         except OmegaConfBaseException as e:
             raise ConfigError(f"bad override: {_format_omegaconf_error(e)}") from None
+    merged = base
+    for layer in layers:
+        merged = _merge_checked(merged, layer)
     try:
-        merged = OmegaConf.merge(base, *layers)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         raise ConfigError(_format_omegaconf_error(e)) from None
