@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -47,7 +47,7 @@ class DataConfig:
 
     source: str = "builtin"
     """Corpus source: builtin (stdlib docstrings + pydoc topics, offline), text, jsonl, csv, parquet, hub."""
-    paths: List[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     """Files or glob patterns for local sources (text: a blank line separates documents)."""
     text_column: str = "text"
     """Column holding the text for jsonl / csv / parquet / hub sources."""
@@ -109,7 +109,9 @@ class DataConfig:
     def validate(self) -> None:
         _choice(self.source, "data.source", ("builtin", "text", "jsonl", "csv", "parquet", "hub"))
         if self.source in ("text", "jsonl", "csv", "parquet"):
-            _check(len(self.paths) > 0, "data.paths", f"source={self.source} needs at least one path", self.paths)
+            _check(
+                len(self.paths) > 0, "data.paths", f"source={self.source} needs at least one path", self.paths
+            )
         if self.source == "hub":
             _check(bool(self.hub_name), "data.hub_name", "source=hub needs a dataset name", self.hub_name)
         _choice(self.encoding_errors, "data.encoding_errors", ("replace", "strict"))
@@ -174,7 +176,13 @@ class ModelConfig:
     def validate(self) -> None:
         _choice(self.preset, "model.preset", ("tiny", "mini", "small", "medium", "base", "large"))
         _choice(self.attn_implementation, "model.attn_implementation", ("sdpa", "eager"))
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+        ):
             v = getattr(self, name)
             if v is not None:
                 _range(v, f"model.{name}", 1)
@@ -232,9 +240,9 @@ class TrainConfig:
     """Keep this many most recent checkpoints."""
     resume: Optional[str] = None
     """``latest`` or a checkpoint folder to resume from."""
-    callbacks: List[str] = field(default_factory=lambda: ["throughput", "loss", "memory", "loss_scale"])
+    callbacks: list[str] = field(default_factory=lambda: ["throughput", "loss", "memory", "loss_scale"])
     """Callbacks by name."""
-    log_with: List[str] = field(default_factory=list)
+    log_with: list[str] = field(default_factory=list)
     """Experiment trackers through Accelerate (e.g. tensorboard, wandb)."""
     num_workers: int = 0
     """DataLoader worker processes."""
@@ -291,7 +299,7 @@ class SweepConfig:
     """Precision sweep: which axes to vary around the base config, and the parity verdict."""
 
     output_dir: str = "runs/sweep"
-    precisions: List[str] = field(default_factory=lambda: ["fp32", "tf32", "bf16", "fp16"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "tf32", "bf16", "fp16"])
     reference_seed: Optional[int] = None
     """Second seed for the fp32 reference (None: train.seed + 1)."""
 

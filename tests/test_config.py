@@ -22,7 +22,9 @@ def test_every_recipe_loads(path):
 
 
 def test_overrides_apply_and_are_typed(tmp_path):
-    cfg = load_config(None, ["train.micro_batch_size=8", "train.global_batch_size=16", "data.lowercase=false"])
+    cfg = load_config(
+        None, ["train.micro_batch_size=8", "train.global_batch_size=16", "data.lowercase=false"]
+    )
     assert cfg.train.micro_batch_size == 8 and cfg.data.lowercase is False
 
 

@@ -14,7 +14,7 @@ def _kind(hint) -> str:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is typing.Union and len(args) == 1:
         hint = args[0]
-    if typing.get_origin(hint) in (list, typing.List):
+    if typing.get_origin(hint) in (list,):
         return "list"
     return getattr(hint, "__name__", "other")
 
