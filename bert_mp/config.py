@@ -299,13 +299,71 @@ class SweepConfig:
     """Precision sweep: which axes to vary around the base config, and the parity verdict."""
 
     output_dir: str = "runs/sweep"
+    """Sweep folder: sweep.json, base_config.yaml, runs/<name>/, diagnostics/, report.*, plots/."""
+    base: Optional[str] = None
+    """Base training recipe (e.g. configs/quickstart.yaml); the sweep file's other sections override it."""
     precisions: list[str] = field(default_factory=lambda: ["fp32", "tf32", "bf16", "fp16"])
+    """Precisions to run; fp32 is required (it is the parity reference)."""
+    micro_batch_sizes: list[int] = field(default_factory=list)
+    """Optional axis: train.micro_batch_size values (empty: the base value)."""
+    seq_lengths: list[int] = field(default_factory=list)
+    """Optional axis: data.max_seq_length values, each prepared once (empty: the base value)."""
+    presets: list[str] = field(default_factory=list)
+    """Optional axis: model.preset values (empty: the base value)."""
+    seeds: list[int] = field(default_factory=list)
+    """Optional axis: train.seed values, each with its own fp32 reference (empty: the base value)."""
     reference_seed: Optional[int] = None
-    """Second seed for the fp32 reference (None: train.seed + 1)."""
+    """Second seed for the fp32 reference, measuring seed-to-seed spread (None: train.seed + 1)."""
+    launcher: str = "auto"
+    """How each run is started: python (``python -m bert_mp train``), accelerate (``accelerate launch``), auto."""
+    num_processes: int = 1
+    """Processes per run for accelerate launch; auto picks accelerate when this is above 1."""
+    accelerate_args: list[str] = field(default_factory=list)
+    """Extra ``accelerate launch`` arguments, e.g. ["--config_file", "configs/accelerate/x.yaml"]."""
+    parity_window: int = 20
+    """Steps in the moving average applied to per-step losses before comparing them."""
+    warn_multiplier: float = 2.0
+    """Deviation above this many times the fp32 seed-to-seed spread turns pass into warn."""
+    fail_multiplier: float = 5.0
+    """Deviation above this many times the fp32 seed-to-seed spread fails the precision."""
+    min_spread: float = 0.005
+    """Floor on the relative seed spread, so a nearly deterministic reference cannot fail everything."""
+    divergence_rel: float = 0.5
+    """Hard fail when the smoothed MLM loss leaves the reference by more than this relative amount."""
+    profile_steps: int = 2
+    """Profiled forward/backward passes per precision for the kernel check (0: skip diagnostics)."""
+    report: bool = True
+    """Write the report at the end of the sweep."""
 
     def validate(self) -> None:
         for i, p in enumerate(self.precisions):
             _choice(p, f"sweep.precisions[{i}]", ("fp32", "tf32", "bf16", "fp16"))
+        _check(len(self.precisions) > 0, "sweep.precisions", "needs at least one precision", self.precisions)
+        _check(
+            len(set(self.precisions)) == len(self.precisions),
+            "sweep.precisions",
+            "has duplicates",
+            self.precisions,
+        )
+        for i, v in enumerate(self.micro_batch_sizes):
+            _range(v, f"sweep.micro_batch_sizes[{i}]", 1)
+        for i, v in enumerate(self.seq_lengths):
+            _range(v, f"sweep.seq_lengths[{i}]", 8, 512)
+        for i, v in enumerate(self.presets):
+            _choice(v, f"sweep.presets[{i}]", ("tiny", "mini", "small", "medium", "base", "large"))
+        _choice(self.launcher, "sweep.launcher", ("auto", "python", "accelerate"))
+        _range(self.num_processes, "sweep.num_processes", 1)
+        _range(self.parity_window, "sweep.parity_window", 1)
+        _check(self.warn_multiplier > 0, "sweep.warn_multiplier", "must be > 0", self.warn_multiplier)
+        _check(
+            self.fail_multiplier >= self.warn_multiplier,
+            "sweep.fail_multiplier",
+            f"must be >= sweep.warn_multiplier={self.warn_multiplier}",
+            self.fail_multiplier,
+        )
+        _check(self.min_spread > 0, "sweep.min_spread", "must be > 0", self.min_spread)
+        _check(self.divergence_rel > 0, "sweep.divergence_rel", "must be > 0", self.divergence_rel)
+        _range(self.profile_steps, "sweep.profile_steps", 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,14 +371,115 @@ class SweepConfig:
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class FinetuneConfig:
-    """Sequence-classification fine-tuning of an exported checkpoint."""
+    """Sequence-classification fine-tuning of an exported checkpoint (``bert-mp finetune``)."""
 
     output_dir: str = "runs/finetune"
+    """Run folder: config.yaml, metrics.jsonl, summary.json, final/ (save_pretrained + tokenizer)."""
     checkpoint: Optional[str] = None
-    """Exported bert_mp folder, any BERT checkpoint path, or Hub name."""
+    """Exported bert_mp folder (a train run folder means its final/), any BERT checkpoint path, or Hub name."""
+    init: str = "pretrained"
+    """pretrained (load the checkpoint's weights) | random (same architecture, fresh weights: the baseline)."""
+    tokenizer: Optional[str] = None
+    """Tokenizer path or Hub name (None: the one saved with the checkpoint)."""
+    task: str = "builtin-package"
+    """builtin-package | builtin-kind (offline, from stdlib docstrings) | local (files) | hub | glue/<name>."""
+    train_file: Optional[str] = None
+    """task=local: CSV / JSON Lines / Parquet file with the training examples."""
+    validation_file: Optional[str] = None
+    """task=local: validation file (None: hold out finetune.validation_fraction of train)."""
+    test_file: Optional[str] = None
+    """task=local: test file (None: no test metrics)."""
+    hub_name: Optional[str] = None
+    """task=hub: dataset name for ``datasets.load_dataset``."""
+    hub_config: Optional[str] = None
+    """task=hub: dataset configuration name."""
+    train_split: str = "train"
+    """task=hub: split used for training."""
+    validation_split: Optional[str] = "validation"
+    """task=hub: split used for validation (None: hold out finetune.validation_fraction of train)."""
+    test_split: Optional[str] = None
+    """task=hub: split used for test (None: no test metrics; GLUE test labels are hidden)."""
+    text_column: str = "text"
+    """Column with the text (set automatically for builtin and glue tasks)."""
+    text_pair_column: Optional[str] = None
+    """Column with the second text of a pair task (None: single-text task)."""
+    label_column: str = "label"
+    """Column with the label: strings or integers."""
+    validation_fraction: float = 0.1
+    """Share of train held out as validation when no validation data is given."""
+    unseen_labels: str = "count"
+    """Evaluation labels absent from train: count (kept, always wrong, reported) | error (stop)."""
+    builtin_min_modules: int = 4
+    """builtin-package: a package becomes a class only with at least this many modules (split by module)."""
+    builtin_min_examples: int = 100
+    """builtin-package: ... and at least this many docstrings."""
+    builtin_min_words: int = 3
+    """builtin tasks: drop docstrings shorter than this many words (no signal in them)."""
+    max_seq_length: int = 128
+    """Tokens per example; longer texts are truncated (and counted). At most the model's positions."""
+    precision: str = "fp32"
+    """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (dynamic loss scaling): same modes as pretraining."""
+    seed: int = 42
+    """Seed for the classifier init, data order and dropout."""
+    epochs: int = 3
+    """Passes over the training data (unless finetune.max_steps is set)."""
+    max_steps: int = 0
+    """Optimizer steps to run (0: finetune.epochs decides)."""
+    batch_size: int = 32
+    """Examples per optimizer step."""
+    eval_batch_size: int = 64
+    """Examples per evaluation forward pass."""
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    """Linear warm-up over this share of the steps, then linear decay to zero."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping (0 disables); applied to unscaled gradients."""
+    eval_every: int = 0
+    """Evaluate on validation every N steps (0: at the end of every epoch)."""
+    select_best: bool = True
+    """Test and save the weights of the best validation macro-F1 (False: the last weights)."""
+    save_model: bool = True
+    """Write final/ (save_pretrained + tokenizer) at the end."""
+    progress_bar: bool = True
 
     def validate(self) -> None:
-        pass
+        _choice(self.init, "finetune.init", ("pretrained", "random"))
+        task_ok = self.task in ("builtin-package", "builtin-kind", "local", "hub") or (
+            self.task.startswith("glue/") and len(self.task) > len("glue/")
+        )
+        _check(
+            task_ok,
+            "finetune.task",
+            "must be builtin-package, builtin-kind, local, hub or glue/<name>",
+            self.task,
+        )
+        if self.task == "local":
+            _check(
+                bool(self.train_file),
+                "finetune.train_file",
+                "task=local needs a training file",
+                self.train_file,
+            )
+        if self.task == "hub":
+            _check(bool(self.hub_name), "finetune.hub_name", "task=hub needs a dataset name", self.hub_name)
+        _choice(self.unseen_labels, "finetune.unseen_labels", ("count", "error"))
+        _choice(self.precision, "finetune.precision", ("fp32", "tf32", "bf16", "fp16"))
+        _range(self.validation_fraction, "finetune.validation_fraction", 0.01, 0.5)
+        _range(self.builtin_min_modules, "finetune.builtin_min_modules", 3)
+        _range(self.builtin_min_examples, "finetune.builtin_min_examples", 1)
+        _range(self.builtin_min_words, "finetune.builtin_min_words", 1)
+        _range(self.max_seq_length, "finetune.max_seq_length", 8, 8192)
+        _range(self.seed, "finetune.seed", 0)
+        _range(self.epochs, "finetune.epochs", 1)
+        _range(self.max_steps, "finetune.max_steps", 0)
+        _range(self.batch_size, "finetune.batch_size", 1)
+        _range(self.eval_batch_size, "finetune.eval_batch_size", 1)
+        _check(self.learning_rate > 0, "finetune.learning_rate", "must be > 0", self.learning_rate)
+        _range(self.weight_decay, "finetune.weight_decay", 0.0)
+        _range(self.warmup_ratio, "finetune.warmup_ratio", 0.0, 1.0)
+        _range(self.max_grad_norm, "finetune.max_grad_norm", 0.0)
+        _range(self.eval_every, "finetune.eval_every", 0)
 
 
 @dataclass
