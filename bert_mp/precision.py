@@ -1,0 +1,281 @@
+"""The one place that maps ``fp32 | tf32 | bf16 | fp16`` to autocast, loss scaling and backend flags.
+
+Nothing else in bert_mp branches on the precision name: the training loop asks the plan for an
+autocast context, a scaler and the ``mixed_precision`` value for Accelerate, and records
+``describe()`` (read back from torch after the flags were applied) in ``summary.json``.
+
+Semantics (GUIDE section 3):
+
+- fp32: fp32 storage and math, TF32 explicitly off (CUDA matmul and cuDNN), matmul precision
+  ``highest``.
+- tf32: fp32 storage; CUDA matmuls/convolutions on TF32 tensor cores (Ampere or newer). A CPU has no
+  TF32 units, so on CPU ``tf32`` is a clearly labelled analogue: oneDNN computes fp32 matmuls with
+  bf16 inner products (``set_float32_matmul_precision("medium")``); it needs bf16 support.
+- bf16: autocast to bfloat16, fp32 master weights, no loss scaling.
+- fp16: autocast to float16, fp32 master weights, dynamic loss scaling. On CUDA Accelerate builds
+  the GradScaler (``GradScalerKwargs``); on CPU Accelerate silently drops fp16, so we pass it
+  ``mixed_precision="no"`` and install our own ``torch.amp.GradScaler("cpu")`` as
+  ``accelerator.scaler`` (see :func:`install_scaler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bert_mp.errors import HardwareError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+_AUTOCAST_DTYPE = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _cuda_capability(device: torch.device) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+def _cpu_supports_bf16() -> bool:
+    """oneDNN reports whether the CPU has native bf16 (AVX512-BF16 / AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _cpu_supports_fp16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def device_name(device: torch.device) -> str:
+    """A human-readable device name (GPU model or CPU model string)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return name
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose numerics matter for a run."""
+    import accelerate
+    import datasets
+    import transformers
+
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "datasets": datasets.__version__,
+    }
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """What one precision mode means on one device; build it with :func:`resolve_precision`."""
+
+    name: str
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    use_scaler: bool
+    init_scale: float = 65536.0
+    growth_interval: int = 2000
+
+    @property
+    def accelerate_mixed_precision(self) -> str:
+        """Value for ``Accelerator(mixed_precision=...)``.
+
+        Only CUDA gets Accelerate's own amp; on CPU Accelerate would silently ignore fp16, so the
+        plan's :meth:`autocast` and :meth:`make_scaler` do the work there.
+        """
+        if self.device.type == "cuda" and self.autocast_dtype is not None:
+            return "bf16" if self.autocast_dtype == torch.bfloat16 else "fp16"
+        return "no"
+
+    @property
+    def matmul_precision(self) -> str:
+        """``torch.set_float32_matmul_precision`` value for this mode."""
+        if self.name == "tf32":
+            return "high" if self.device.type == "cuda" else "medium"
+        return "highest"
+
+    def apply_backend_flags(self) -> None:
+        """Set the fp32 matmul / cuDNN flags every time (a previous run in the process may differ)."""
+        tf32 = self.name == "tf32" and self.device.type == "cuda"
+        # Only the legacy flag API is used: torch refuses to read precision once legacy and new
+        # (fp32_precision) APIs were mixed.
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.set_float32_matmul_precision(self.matmul_precision)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast context for the forward pass (a no-op context in fp32 / tf32)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def make_scaler(self) -> torch.amp.GradScaler | None:
+        """A dynamic GradScaler for fp16 on a device where Accelerate does not build one, else None."""
+        if not self.use_scaler or self.accelerate_mixed_precision == "fp16":
+            return None
+        return torch.amp.GradScaler(
+            self.device.type, init_scale=self.init_scale, growth_interval=self.growth_interval
+        )
+
+    def accelerate_kwargs_handlers(self) -> list[Any]:
+        """Kwargs handlers for ``Accelerator``: the fp16 scaler settings when Accelerate owns the scaler."""
+        if self.accelerate_mixed_precision != "fp16":
+            return []
+        from accelerate.utils import GradScalerKwargs
+
+        return [GradScalerKwargs(init_scale=self.init_scale, growth_interval=self.growth_interval)]
+
+    def describe(self, scaler: torch.amp.GradScaler | None = None) -> dict[str, Any]:
+        """What actually took effect, read back from torch (call after :meth:`apply_backend_flags`)."""
+        matmul_flags: dict[str, Any] = {
+            "float32_matmul_precision": _safe(torch.get_float32_matmul_precision),
+            "cuda_matmul_allow_tf32": _safe(lambda: torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": _safe(lambda: torch.backends.cudnn.allow_tf32),
+            "mkldnn_matmul_fp32_precision": _safe(lambda: torch.backends.mkldnn.matmul.fp32_precision),
+        }
+        note = {
+            "fp32": "strict fp32: TF32 off, highest matmul precision",
+            "tf32": "TF32 tensor cores for fp32 matmuls/convolutions",
+            "bf16": "autocast bfloat16, fp32 master weights, no loss scaling",
+            "fp16": "autocast float16, fp32 master weights, dynamic loss scaling",
+        }[self.name]
+        if self.name == "tf32" and self.device.type == "cpu":
+            note = (
+                "CPU analogue of tf32 (no TF32 hardware on CPU): oneDNN fp32 matmuls with bf16 inner products"
+            )
+        out: dict[str, Any] = {
+            "name": self.name,
+            "device": str(self.device),
+            "device_name": device_name(self.device),
+            "autocast_dtype": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+            "accelerate_mixed_precision": self.accelerate_mixed_precision,
+            "loss_scaler": self.use_scaler,
+            "init_scale": self.init_scale if self.use_scaler else None,
+            "growth_interval": self.growth_interval if self.use_scaler else None,
+            "scaler_scale": float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None,
+            "matmul": matmul_flags,
+            "note": note,
+            "versions": library_versions(),
+        }
+        if self.device.type == "cuda":
+            out["cuda_capability"] = ".".join(map(str, _cuda_capability(self.device)))
+        return out
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except (RuntimeError, AttributeError) as e:
+        return f"unreadable: {e}"
+
+
+def resolve_precision(
+    name: str, device: torch.device, init_scale: float = 65536.0, growth_interval: int = 2000
+) -> PrecisionPlan:
+    """Check that ``device`` can run precision ``name`` and return its plan.
+
+    Raises HardwareError with what to do instead when the hardware lacks the mode.
+    """
+    if name not in PRECISIONS:
+        raise HardwareError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = _cuda_capability(device)
+        gpu = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+        if name in ("tf32", "bf16") and major < 8:
+            raise HardwareError(
+                f"train.precision={name} needs an NVIDIA GPU with compute capability >= 8.0 (Ampere or "
+                f"newer); this is {gpu}. Use train.precision=fp16 or fp32."
+            )
+        if name == "fp16" and major < 7:
+            raise HardwareError(
+                f"train.precision=fp16 needs tensor cores (compute capability >= 7.0); this is {gpu}. "
+                "Use train.precision=fp32."
+            )
+    elif device.type == "cpu":
+        if name in ("bf16", "tf32") and not _cpu_supports_bf16():
+            what = "bf16 autocast" if name == "bf16" else "the CPU tf32 analogue (oneDNN bf16 matmuls)"
+            raise HardwareError(
+                f"train.precision={name}: {what} needs a CPU with native bf16 (AVX512-BF16 or AMX); "
+                "this CPU has none. Use train.precision=fp32."
+            )
+        if name == "fp16" and not _cpu_supports_fp16():
+            raise HardwareError(
+                "train.precision=fp16 on CPU needs oneDNN fp16 support (AVX512-FP16 or AMX-FP16); this "
+                "CPU has none. Use train.precision=fp32 or bf16."
+            )
+    else:
+        if name != "fp32":
+            raise HardwareError(
+                f"train.precision={name} is only supported on CUDA and CPU, not {device.type}; use fp32."
+            )
+    return PrecisionPlan(
+        name=name,
+        device=device,
+        autocast_dtype=_AUTOCAST_DTYPE[name],
+        use_scaler=name == "fp16",
+        init_scale=float(init_scale),
+        growth_interval=int(growth_interval),
+    )
+
+
+def install_scaler(accelerator: Any, plan: PrecisionPlan) -> torch.amp.GradScaler | None:
+    """Give ``accelerator`` the plan's scaler (before ``prepare``) and return the scaler in use.
+
+    With the scaler installed as ``accelerator.scaler``, ``accelerator.backward`` scales the loss, the
+    prepared optimizer steps through ``scaler.step`` / ``update`` and ``save_state`` checkpoints it.
+    """
+    own = plan.make_scaler()
+    if own is not None:
+        accelerator.scaler = own
+    return accelerator.scaler
+
+
+def unscale_gradients(accelerator: Any, optimizer: Any) -> None:
+    """Unscale fp16 gradients before clipping / measuring their norm.
+
+    Accelerate unscales inside ``clip_grad_norm_`` only for its own native amp (CUDA); for our CPU
+    scaler we do it here, once per step.
+    """
+    scaler = accelerator.scaler
+    if scaler is None or (accelerator.native_amp and accelerator.mixed_precision == "fp16"):
+        return
+    inner = getattr(optimizer, "optimizer", optimizer)
+    scaler.unscale_(inner)
+
+
+@contextlib.contextmanager
+def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
+    """Apply a plan's backend flags for a block and restore the previous ones afterwards."""
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+    plan.apply_backend_flags()
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
