@@ -1,0 +1,165 @@
+"""Atomic training checkpoints, discovery of the latest complete one, and the HF export.
+
+A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXXX``: ``accelerator.save_state`` (model,
+optimizer, scaler, scheduler, RNG of every rank), then ``loop_state.json`` (step, epoch, data
+position), then the ``COMPLETE`` marker listing every file with its size, and only then renamed to
+``checkpoints/step_XXXXXXXX``. A folder without the marker, or whose files do not match it (a
+truncated write), is never loaded: :func:`find_latest` skips it with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from bert_mp.errors import TrainingError
+from bert_mp.io import atomic_write_json
+
+MARKER = "COMPLETE"
+LOOP_STATE = "loop_state.json"
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+def checkpoint_name(step: int) -> str:
+    """Folder name of the checkpoint taken after ``step`` optimizer steps."""
+    return f"step_{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _manifest(folder: Path) -> dict[str, int]:
+    """Relative path -> size of every file in ``folder`` except the marker."""
+    return {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MARKER
+    }
+
+
+def write_marker(folder: Path) -> None:
+    """Write the completion marker last: it lists what a complete checkpoint holds."""
+    atomic_write_json(folder / MARKER, {"files": _manifest(folder)})
+
+
+def verify(folder: Path) -> str | None:
+    """None when ``folder`` is a complete checkpoint, else why it is not."""
+    marker = folder / MARKER
+    if not marker.is_file():
+        return "no COMPLETE marker (interrupted while saving)"
+    try:
+        expected = json.loads(marker.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable COMPLETE marker"
+    actual = _manifest(folder)
+    for name, size in expected.items():
+        if name not in actual:
+            return f"missing file {name}"
+        if actual[name] != size:
+            return f"{name} has {actual[name]} bytes, expected {size} (truncated or altered)"
+    if LOOP_STATE not in expected:
+        return f"no {LOOP_STATE}"
+    return None
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Checkpoint folders (complete or not) in step order; temporary folders excluded."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and _NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def find_latest(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint; incomplete or corrupt ones are skipped with a warning."""
+    for folder in reversed(list_checkpoints(Path(ckpt_dir))):
+        problem = verify(folder)
+        if problem is None:
+            return folder
+        warnings.warn(f"skipping checkpoint {folder}: {problem}", stacklevel=2)
+    return None
+
+
+def resolve_resume(resume: str, ckpt_dir: Path) -> Path | None:
+    """``latest`` -> newest complete checkpoint (None when there is none); a path -> that, verified."""
+    if resume == "latest":
+        return find_latest(ckpt_dir)
+    folder = Path(resume)
+    problem = verify(folder) if folder.is_dir() else "no such folder"
+    if problem:
+        raise TrainingError(f"train.resume={resume}: cannot resume from it: {problem}")
+    return folder
+
+
+def save_checkpoint(accelerator: Any, ckpt_dir: Path, step: int, loop_state: dict, total_limit: int) -> Path:
+    """Save atomically on every rank (collective); returns the final folder."""
+    ckpt_dir = Path(ckpt_dir)
+    final = ckpt_dir / checkpoint_name(step)
+    tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_json(tmp / LOOP_STATE, loop_state)
+        write_marker(tmp)
+        _fsync_dir(tmp)
+        if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(ckpt_dir)
+        rotate(ckpt_dir, total_limit)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def rotate(ckpt_dir: Path, total_limit: int) -> None:
+    """Keep the ``total_limit`` newest complete checkpoints; drop older ones and stale temp folders."""
+    complete = [p for p in list_checkpoints(ckpt_dir) if verify(p) is None]
+    for old in complete[:-total_limit]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in ckpt_dir.glob(".tmp-step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def load_checkpoint(accelerator: Any, folder: Path) -> dict:
+    """Restore model/optimizer/scaler/scheduler/RNG from a verified checkpoint; returns the loop state."""
+    folder = Path(folder)
+    problem = verify(folder)
+    if problem:
+        raise TrainingError(f"checkpoint {folder} is not complete: {problem}")
+    accelerator.load_state(str(folder))
+    return json.loads((folder / LOOP_STATE).read_text(encoding="utf-8"))
+
+
+def export_pretrained(accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: Path) -> Path | None:
+    """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer.
+
+    ``wrapped`` is the prepared :class:`bert_mp.model.PretrainingModel`; its full state dict is
+    gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native.
+    """
+    out_dir = Path(out_dir)
+    state = accelerator.get_state_dict(wrapped)
+    inner = accelerator.unwrap_model(wrapped).model
+    if accelerator.is_main_process:
+        tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        hf_state = {k.removeprefix("model."): v for k, v in state.items()}
+        inner.save_pretrained(tmp, state_dict=hf_state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    accelerator.wait_for_everyone()
+    return out_dir

@@ -1,0 +1,104 @@
+"""A tiny prepared-data folder in the docs/architecture.md format, written by hand for train tests.
+
+Sequences follow simple learnable patterns (arithmetic progressions over the vocabulary), so a tiny
+model's loss visibly falls within a few dozen steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from datasets import Dataset, DatasetDict
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from bert_mp.config import Config, DataConfig, ModelConfig, TrainConfig
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+N_WORDS = 59  # 5 specials + 59 words = 64 tokens
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {t: i for i, t in enumerate(SPECIALS + [f"w{i}" for i in range(N_WORDS)])}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
+    first = len(SPECIALS)
+    for _ in range(n):
+        la, lb = rng.integers(3, max_len // 2 - 2, size=2)
+        start, stride = rng.integers(0, N_WORDS), rng.integers(1, 4)
+        a = [first + (start + stride * i) % N_WORDS for i in range(la)]
+        label = int(rng.random() < 0.5)
+        b_start = start + stride * la if label == 0 else rng.integers(0, N_WORDS)
+        b = [first + (b_start + stride * i) % N_WORDS for i in range(lb)]
+        ids = [2, *a, 3, *b, 3]
+        cols["input_ids"].append(ids)
+        cols["token_type_ids"].append([0] * (la + 2) + [1] * (lb + 1))
+        cols["next_sentence_label"].append(label)
+    return cols
+
+
+def make_prepared(root: Path, n_train: int = 256, n_val: int = 64, max_len: int = 32) -> SimpleNamespace:
+    """Write ``root/dataset``, ``root/tokenizer``, ``stats.json``, ``COMPLETE``; return a PreparedData-like object."""
+    root = Path(root)
+    tokenizer = make_tokenizer()
+    ds = DatasetDict(
+        train=Dataset.from_dict(_rows(n_train, 1, max_len)),
+        validation=Dataset.from_dict(_rows(n_val, 2, max_len)),
+    )
+    ds.save_to_disk(str(root / "dataset"))
+    tokenizer.save_pretrained(str(root / "tokenizer"))
+    stats = {
+        "tokenizer_size": len(tokenizer),
+        "model_vocab_size": 64,
+        "max_seq_length": max_len,
+        "masking": "dynamic",
+        "splits": {"train": n_train, "validation": n_val},
+    }
+    (root / "stats.json").write_text(json.dumps(stats))
+    (root / "COMPLETE").write_text("")
+    return SimpleNamespace(dataset=ds, tokenizer=tokenizer, stats=stats, path=root)
+
+
+def tiny_config(out: Path, **train_kw) -> Config:
+    """A 2-layer, width-32 model with dropout off and small batches."""
+    train = dict(
+        output_dir=str(out),
+        max_steps=8,
+        global_batch_size=8,
+        micro_batch_size=8,
+        learning_rate=3e-3,
+        warmup_steps=2,
+        progress_bar=False,
+        log_every=1,
+    )
+    train.update(train_kw)
+    cfg = Config(
+        data=DataConfig(max_seq_length=32, mlm_probability=0.15, max_predictions_per_seq=5),
+        model=ModelConfig(
+            preset="tiny",
+            hidden_size=32,
+            num_attention_heads=2,
+            intermediate_size=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        ),
+        train=TrainConfig(**train),
+    )
+    cfg.validate()
+    return cfg
