@@ -399,6 +399,20 @@ def train(cfg: Config, data: Any = None) -> dict:
             accelerator.end_training()
         return summary
 
+    def run_eval() -> dict:
+        logs = {
+            "step": state.step,
+            "kind": "eval",
+            **evaluate(wrapped, val_ds, collator, cfg, accelerator, plan),
+        }
+        for cb in callbacks:
+            cb.on_eval_end(state, logs)
+        if writer:
+            writer.write(_clean(logs))
+        if tc.log_with:
+            accelerator.log({k: v for k, v in logs.items() if isinstance(v, float)}, step=state.step)
+        return logs
+
     bar = None
     if accelerator.is_main_process and tc.progress_bar:
         from tqdm.auto import tqdm
@@ -454,9 +468,12 @@ def train(cfg: Config, data: Any = None) -> dict:
                 max_norm = tc.max_grad_norm if tc.max_grad_norm > 0 else float("inf")
                 grad_norm = accelerator.clip_grad_norm_(wrapped.parameters(), max_norm)
                 lr = scheduler.get_last_lr()[0]
+                scale_before = scaler.get_scale() if scaler is not None else None
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                skipped = scaler is not None and accelerator.optimizer_step_was_skipped
+                # The scaler halves its scale exactly when it found inf/NaN gradients. Accelerate's own
+                # optimizer_step_was_skipped misses it for fused AdamW, which skips inside its kernel.
+                skipped = scaler is not None and scaler.get_scale() < scale_before
 
                 state.batch_in_epoch += 1
                 if state.batch_in_epoch >= sampler.batches_per_epoch:
@@ -515,19 +532,8 @@ def train(cfg: Config, data: Any = None) -> dict:
                         bar.update(1)
 
                     if tc.eval_every and state.step % tc.eval_every == 0 and state.step < tc.max_steps:
-                        eval_logs = {
-                            "step": state.step,
-                            "kind": "eval",
-                            **evaluate(wrapped, val_ds, collator, cfg, accelerator, plan),
-                        }
-                        for cb in callbacks:
-                            cb.on_eval_end(state, eval_logs)
-                        if writer:
-                            writer.write(_clean(eval_logs))
-                        if tc.log_with:
-                            accelerator.log(
-                                {k: v for k, v in eval_logs.items() if isinstance(v, float)}, step=state.step
-                            )
+                        run_eval()
+                        t_prev = time.perf_counter()  # evaluation time is not step time
                     if tc.save_every and state.step % tc.save_every == 0 and state.step < tc.max_steps:
                         save()
                         t_prev = time.perf_counter()  # checkpoint time is not step time
@@ -547,15 +553,7 @@ def train(cfg: Config, data: Any = None) -> dict:
     if state.stop_reason:
         save()
         return finish("stopped", None)
-    final_eval = {
-        "step": state.step,
-        "kind": "eval",
-        **evaluate(wrapped, val_ds, collator, cfg, accelerator, plan),
-    }
-    for cb in callbacks:
-        cb.on_eval_end(state, final_eval)
-    if writer:
-        writer.write(_clean(final_eval))
+    final_eval = run_eval()
     save()
     if tc.export:
         ckpt.export_pretrained(accelerator, wrapped, data.tokenizer, out / "final")

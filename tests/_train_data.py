@@ -1,7 +1,8 @@
 """A tiny prepared-data folder in the docs/architecture.md format, written by hand for train tests.
 
-Sequences follow simple learnable patterns (arithmetic progressions over the vocabulary), so a tiny
-model's loss visibly falls within a few dozen steps.
+Each segment alternates two random words (``x y x y ...``); a positive pair's B continues A's
+pattern, a negative's uses another pair. A masked word is predictable from its neighbours, so a
+tiny model's loss visibly falls within a few dozen steps.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
     first = len(SPECIALS)
     for _ in range(n):
         la, lb = rng.integers(3, max_len // 2 - 2, size=2)
-        start, stride = rng.integers(0, N_WORDS), rng.integers(1, 4)
-        a = [first + (start + stride * i) % N_WORDS for i in range(la)]
+        pair = rng.choice(N_WORDS, size=2, replace=False) + first
+        a = [int(pair[i % 2]) for i in range(la)]
         label = int(rng.random() < 0.5)
-        b_start = start + stride * la if label == 0 else rng.integers(0, N_WORDS)
-        b = [first + (b_start + stride * i) % N_WORDS for i in range(lb)]
+        if label == 1:
+            pair = rng.choice(N_WORDS, size=2, replace=False) + first
+        b = [int(pair[(la + i) % 2]) for i in range(lb)]
         ids = [2, *a, 3, *b, 3]
         cols["input_ids"].append(ids)
         cols["token_type_ids"].append([0] * (la + 2) + [1] * (lb + 1))
