@@ -104,3 +104,37 @@ def tiny_config(out: Path, **train_kw) -> Config:
     )
     cfg.validate()
     return cfg
+
+
+def load_fixture(root: Path) -> SimpleNamespace:
+    """Read a folder written by :func:`make_prepared` back (as a fresh process would)."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    root = Path(root)
+    return SimpleNamespace(
+        dataset=load_from_disk(str(root / "dataset")),
+        tokenizer=AutoTokenizer.from_pretrained(str(root / "tokenizer")),
+        stats=json.loads((root / "stats.json").read_text()),
+        path=root,
+    )
+
+
+def run_in_subprocess_main(argv: list[str]) -> None:
+    """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
+    from bert_mp import callbacks
+    from bert_mp.config import load_config
+    from bert_mp.train import train
+
+    cfg = load_config(argv[0])
+    if len(argv) > 2:
+        stop_at = int(argv[2])
+
+        class StopAt(callbacks.BaseCallback):
+            def on_step_end(self, state, logs):
+                if state.step == stop_at:
+                    state.stop_reason = f"test stop at {stop_at}"
+
+        callbacks.REGISTRY["stop_at"] = StopAt
+        cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
+    train(cfg, load_fixture(Path(argv[1])))

@@ -1,0 +1,193 @@
+"""checkpoint.py: exact resume in a fresh process, atomic/corrupt handling, SIGTERM, HF export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _train_data import make_prepared, tiny_config
+from safetensors.torch import load_file
+from transformers import BertForPreTraining, BertForSequenceClassification
+
+import bert_mp.train as train_mod
+from bert_mp import checkpoint as ckpt
+from bert_mp.config import save_config
+from bert_mp.errors import TrainingError
+from bert_mp.io import read_jsonl
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def _run(
+    cfg, data_root: Path, *extra: str, wait: bool = True
+) -> subprocess.Popen | subprocess.CompletedProcess:
+    cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
+    save_config(cfg, cfg_path)
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import _train_data; _train_data.run_in_subprocess_main(sys.argv[1:])"
+    cmd = [sys.executable, "-c", code, str(cfg_path), str(data_root), *extra]
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_resume_mid_epoch_in_fresh_process_is_bit_identical(tmp_path):
+    data_root = tmp_path / "data"
+    make_prepared(data_root, n_train=40)  # 5 global batches of 8 per epoch
+    common = dict(
+        max_steps=12, global_batch_size=8, micro_batch_size=4, save_every=3, warmup_steps=3, export=True
+    )
+    straight = tiny_config(tmp_path / "straight", **common)
+    parts = tiny_config(tmp_path / "parts", **common)
+    for cfg in (straight, parts):  # dropout on: the RNG stream must be restored too
+        cfg.model.hidden_dropout_prob = cfg.model.attention_probs_dropout_prob = 0.1
+    _run(straight, data_root)
+    _run(parts, data_root, "7")  # stops (and saves) after step 7: epoch 1, batch 2 of 5
+    stopped = json.loads((tmp_path / "parts" / "summary.json").read_text())
+    assert stopped["status"] == "stopped" and stopped["steps"] == 7
+    loop_state = json.loads(
+        (tmp_path / "parts" / "checkpoints" / "step_00000007" / "loop_state.json").read_text()
+    )
+    assert (loop_state["epoch"], loop_state["batch_in_epoch"]) == (1, 2)
+    parts.train.resume = "latest"
+    _run(parts, data_root)
+    resumed = json.loads((tmp_path / "parts" / "summary.json").read_text())
+    assert resumed["resumed_from"].endswith("step_00000007") and resumed["steps"] == 12
+
+    def losses(run: str) -> list:
+        return [
+            (r["step"], r["kind"], r.get("loss/total"), r.get("eval/loss_mlm"))
+            for r in read_jsonl(tmp_path / run / "metrics.jsonl")
+        ]
+
+    assert losses("straight") == losses("parts")  # exact float equality, every step
+    assert len(losses("straight")) == 13
+    a = load_file(str(tmp_path / "straight" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "parts" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _finished_run(tmp_path: Path, monkeypatch=None, **kw) -> tuple[Path, list]:
+    data = make_prepared(tmp_path / "data")
+    built: list = []
+    if monkeypatch is not None:
+        real = train_mod.build_model
+
+        def build(*a, **k):
+            built.append(real(*a, **k))
+            return built[-1]
+
+        monkeypatch.setattr(train_mod, "build_model", build)
+    cfg = tiny_config(tmp_path / "run", **{"max_steps": 6, "save_every": 2, "save_total_limit": 2, **kw})
+    train_mod.train(cfg, data)
+    return tmp_path / "run", built
+
+
+def test_atomic_layout_rotation_and_corrupt_checkpoints_are_skipped(tmp_path):
+    run, _ = _finished_run(tmp_path)
+    cdir = run / "checkpoints"
+    names = [p.name for p in ckpt.list_checkpoints(cdir)]
+    assert names == ["step_00000004", "step_00000006"]  # total_limit=2 kept the newest
+    assert not list(cdir.glob(".tmp-*"))
+    latest = cdir / "step_00000006"
+    assert ckpt.verify(latest) is None and ckpt.find_latest(cdir) == latest
+    marker = json.loads((latest / ckpt.MARKER).read_text())
+    assert {"model.safetensors", "optimizer.bin", "loop_state.json"} <= set(marker["files"])
+
+    # a truncated file in the newest checkpoint: skipped with a warning, the older one is used
+    model_file = latest / "model.safetensors"
+    model_file.write_bytes(model_file.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="truncated"):
+        assert ckpt.find_latest(cdir) == cdir / "step_00000004"
+    with pytest.raises(TrainingError, match="truncated"):
+        ckpt.resolve_resume(str(latest), cdir)
+    # a checkpoint interrupted before its marker: never loaded
+    (cdir / "step_00000004" / ckpt.MARKER).unlink()
+    with pytest.warns(UserWarning, match="no COMPLETE marker"):
+        assert ckpt.find_latest(cdir) is None
+    # temp folders (a save in flight) are not even candidates
+    (cdir / ".tmp-step_00000008").mkdir()
+    assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["step_00000004", "step_00000006"]
+
+
+def test_resume_latest_without_checkpoints_starts_fresh(tmp_path):
+    data = make_prepared(tmp_path / "data")
+    cfg = tiny_config(tmp_path / "run", max_steps=2, resume="latest", export=False)
+    with pytest.warns(UserWarning, match="starting fresh"):
+        summary = train_mod.train(cfg, data)
+    assert summary["steps"] == 2 and summary["resumed_from"] is None
+
+
+def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path, monkeypatch):
+    run, built = _finished_run(tmp_path, monkeypatch)
+    trained = built[0].eval()
+    final = run / "final"
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    batch = {
+        "input_ids": torch.tensor([[2, 7, 8, 7, 4, 3, 8, 7, 3]]),
+        "token_type_ids": torch.tensor([[0, 0, 0, 0, 0, 0, 1, 1, 1]]),
+        "attention_mask": torch.ones(1, 9, dtype=torch.long),
+    }
+    loaded = BertForPreTraining.from_pretrained(final).eval()
+    with torch.no_grad():
+        ref = trained(**batch)
+        got = loaded(**batch)
+    assert torch.equal(ref.prediction_logits, got.prediction_logits)
+    assert torch.equal(ref.seq_relationship_logits, got.seq_relationship_logits)
+    cls = BertForSequenceClassification.from_pretrained(final, num_labels=3).eval()
+    with torch.no_grad():
+        pooled = cls.bert(**batch).pooler_output
+        assert torch.equal(pooled, trained.bert(**batch).pooler_output)
+        assert cls(**batch).logits.shape == (1, 3)
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(final)) == 64
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    data_root = tmp_path / "data"
+    make_prepared(data_root)
+    cfg = tiny_config(tmp_path / "run", max_steps=100_000, export=False)
+    proc = _run(cfg, data_root, wait=False)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[0]
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["stop_reason"] == "signal SIGTERM"
+    latest = ckpt.find_latest(tmp_path / "run" / "checkpoints")
+    assert latest is not None and latest.name == ckpt.checkpoint_name(summary["steps"])
+    assert json.loads((latest / ckpt.LOOP_STATE).read_text())["step"] == summary["steps"]
