@@ -202,12 +202,16 @@ def _make_accelerator(cfg: Config) -> tuple[Any, Any]:
     from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration
 
-    device = PartialState().device
+    # Without CUDA, say so explicitly: Accelerate then sets up gloo when launched with several
+    # processes instead of silently running each of them as a world of one.
+    cpu = not torch.cuda.is_available()
+    device = PartialState(cpu=cpu).device
     plan = resolve_precision(
         cfg.train.precision, device, cfg.train.fp16_init_scale, cfg.train.fp16_growth_interval
     )
     out = Path(cfg.train.output_dir)
     accelerator = Accelerator(
+        cpu=cpu,
         mixed_precision=plan.accelerate_mixed_precision,
         log_with=list(cfg.train.log_with) or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "trackers")),

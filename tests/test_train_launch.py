@@ -1,4 +1,4 @@
-"""Scale-out: ``accelerate launch --cpu --num_processes 2`` (gloo) matches one process, same global batch."""
+"""Scale-out: 2 processes on CPU (gloo) through ``accelerate launch`` match one process, same global batch."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ def _launch(cfg, data_root: Path, processes: int) -> None:
     cmd = [
         launcher,
         "launch",
-        "--cpu",
+        # torchrun-style spawning; without CUDA bert_mp runs each rank on CPU with gloo.
+        # (`--cpu --num_processes N` starts a single process unless an MPI hostfile is given.)
+        *(["--multi_gpu"] if processes > 1 else []),
         "--num_processes",
         str(processes),
         "--num_machines",
