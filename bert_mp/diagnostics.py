@@ -94,7 +94,8 @@ def bytes_per_parameter(precision: str) -> dict[str, float]:
         "fp32_master_copy": 0.0,  # under autocast the fp32 weights *are* the master copy
         "low_precision_weight_copies": 2.0 if low else 0.0,  # autocast cast cache, freed after the step
     }
-    state["total"] = sum(state.values())
+    # persistent state only; the transient copies live in the activation budget of a step
+    state["total"] = sum(v for k, v in state.items() if k != "low_precision_weight_copies")
     return state
 
 

@@ -270,7 +270,7 @@ def verdict(
             "ratio": ratio,
             "status": status,
         }
-        if status != "pass":
+        if status != "pass" and math.isfinite(value):
             reasons.append(
                 f"{name} deviates {value:.2%} = {ratio:.1f}x the tolerance {tol:.2%} "
                 f"(warn > {rules.warn_multiplier:g}x, fail > {rules.fail_multiplier:g}x)"

@@ -51,7 +51,7 @@ def test_loss_scale_health_counts_drops_and_skips():
 
 def test_mixed_precision_keeps_parameter_state():
     fp32, bf16 = bytes_per_parameter("fp32"), bytes_per_parameter("bf16")
-    assert fp32["total"] == 16.0
+    assert fp32["total"] == bf16["total"] == 16.0
     assert bf16["weights"] + bf16["gradients"] + bf16["optimizer_state"] == fp32["total"]
 
 
