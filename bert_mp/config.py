@@ -83,6 +83,9 @@ class DataConfig:
     """Probability that B is a random sentence from another document."""
     dupe_factor: int = 1
     """Repeat the pairing pass this many times with different randomness."""
+    pairing_block_chars: int = 2_000_000
+    """Documents are paired in blocks of about this many characters; a random B comes from another
+    document of the same block (bounded memory, and the output does not depend on num_proc)."""
 
     masking: str = "dynamic"
     """``dynamic`` (masked by the collator at load time, new mask every epoch) or ``static`` (masked once)."""
@@ -122,6 +125,7 @@ class DataConfig:
         _range(self.short_seq_prob, "data.short_seq_prob", 0.0, 1.0)
         _range(self.nsp_random_prob, "data.nsp_random_prob", 0.0, 1.0)
         _range(self.dupe_factor, "data.dupe_factor", 1)
+        _range(self.pairing_block_chars, "data.pairing_block_chars", 1000)
         _range(self.mlm_probability, "data.mlm_probability", 0.0, 1.0)
         _check(self.mlm_probability > 0, "data.mlm_probability", "must be > 0", self.mlm_probability)
         _range(self.mask_token_prob, "data.mask_token_prob", 0.0, 1.0)

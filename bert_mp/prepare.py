@@ -1,0 +1,548 @@
+"""``bert-mp prepare``: raw text -> NSP + MLM pretraining data, cached by the data-config hash.
+
+Stages: read the corpus into an Arrow-backed ``Dataset`` (a generator, so memory stays bounded);
+assign documents to train/validation by a hash of (seed, document index); train or load the
+tokenizer; then one ``datasets.map`` over *blocks* of documents splits sentences, tokenizes every
+sentence of the block in one ``encode_batch_fast`` call, pairs documents (random B from another
+document of the block) and, in static mode, masks. A block is a fixed set of documents keyed by
+global index and all randomness derives from (seed, split, dupe, document index), so the rows are
+byte-identical for any ``num_proc``. The result is built in a temporary folder and renamed into
+``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last; a crash never leaves a cache
+that would be reused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bert_mp.config import Config, DataConfig, load_config, save_config
+from bert_mp.corpus import ReadStats, describe_source, iter_documents
+from bert_mp.errors import DataError
+from bert_mp.io import atomic_write_json
+from bert_mp.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
+from bert_mp.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
+from bert_mp.segment import build_splitter
+from bert_mp.tokenizer import encoder, load_tokenizer, round_vocab_size, save_tokenizer, train_wordpiece
+
+SPLITS = ("train", "validation")
+_STREAM_SPLIT = 3
+_STATIC_MASK_EPOCH = 0
+
+
+@dataclass
+class PreparedData:
+    """A prepared data folder, loaded."""
+
+    dataset: Any
+    """``datasets.DatasetDict`` with ``train`` and ``validation``."""
+    tokenizer: Any
+    stats: dict
+    path: Path
+
+
+def cache_path(data: DataConfig) -> Path:
+    """Where the data for this config lives: ``<cache_dir>/<cache_key>``."""
+    return Path(data.cache_dir) / data.cache_key()
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / "COMPLETE").is_file()
+
+
+def load_prepared(path: str | Path) -> PreparedData:
+    """Load a folder written by :func:`prepare`; refuses a partial one."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"no prepared data at {path}; run `bert-mp prepare` first")
+    if not is_complete(path):
+        raise DataError(f"{path} is incomplete (no COMPLETE marker); rerun `bert-mp prepare --force`")
+    stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+    return PreparedData(
+        dataset=load_from_disk(str(path / "dataset")),
+        tokenizer=AutoTokenizer.from_pretrained(str(path / "tokenizer")),
+        stats=stats,
+        path=path,
+    )
+
+
+def _hash_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) per index from a counter-based hash (splitmix64): no state, any order."""
+
+    def mix(z: np.ndarray) -> np.ndarray:
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        base = mix(np.array([(seed % 2**64) ^ (stream << 56)], dtype=np.uint64))
+        z = mix(index.astype(np.uint64) + base)
+    return (z >> np.uint64(11)).astype(np.float64) / float(2**53)
+
+
+def assign_splits(n_docs: int, fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of validation documents: a hash of (seed, index) below ``fraction``.
+
+    With ``fraction > 0`` and at least two documents, each split gets at least one document.
+    """
+    u = _hash_uniform(seed, _STREAM_SPLIT, np.arange(n_docs))
+    val = u < fraction
+    if fraction > 0 and n_docs >= 2:
+        if not val.any():
+            val[np.argmin(u)] = True
+        if val.all():
+            val[np.argmax(u)] = False
+    return val
+
+
+def make_blocks(doc_ids: np.ndarray, chars: np.ndarray, block_chars: int) -> list[np.ndarray]:
+    """Consecutive documents grouped into blocks of about ``block_chars`` characters.
+
+    A short tail is merged into the previous block so that no block is left with a tiny pool of
+    documents for random B.
+    """
+    if len(doc_ids) == 0:
+        return []
+    ends = []
+    total = 0
+    for i, c in enumerate(chars.tolist()):
+        total += c
+        if total >= block_chars:
+            ends.append(i + 1)
+            total = 0
+    if not ends or ends[-1] != len(doc_ids):
+        if ends and total < block_chars // 2:
+            ends[-1] = len(doc_ids)
+        else:
+            ends.append(len(doc_ids))
+    starts = [0, *ends[:-1]]
+    return [doc_ids[s:e] for s, e in zip(starts, ends)]
+
+
+def _doc_rng(seed: int, split: int, dupe: int, doc: int) -> random.Random:
+    # One integer from all the keys: Random(int) seeds from every bit, identically on every run.
+    return random.Random((((seed % 2**64) << 16 | split) << 32 | dupe) << 64 | doc)
+
+
+def _empty_table(static: bool) -> pa.Table:
+    cols = {
+        "input_ids": pa.array([], pa.list_(pa.int32())),
+        "token_type_ids": pa.array([], pa.list_(pa.int8())),
+        "next_sentence_label": pa.array([], pa.int64()),
+    }
+    if static:
+        cols["labels"] = pa.array([], pa.list_(pa.int32()))
+    return pa.table(cols)
+
+
+class _BlockPairer:
+    """The ``datasets.map`` function: one block of documents in, its examples out (Arrow)."""
+
+    def __init__(self, docs: Any, tokenizer: Any, data: DataConfig, stats_dir: Path):
+        self.docs = docs
+        self.encoder = encoder(tokenizer)
+        self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
+        self.splitter = build_splitter(data.sentence_splitter, max_chars=max(2048, 16 * data.max_seq_length))
+        self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
+        self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
+        self.seed, self.dupe_factor = data.seed, data.dupe_factor
+        self.stats_dir = stats_dir
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        outs = [self._block(row) for row in batch.to_pylist()]
+        return pa.concat_tables(outs) if len(outs) > 1 else outs[0]
+
+    def _block(self, row: dict) -> pa.Table:
+        split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
+        st: dict[str, Any] = {"documents": len(doc_ids)}
+        t0 = time.perf_counter()
+        texts = self.docs.data.table.take(pa.array(doc_ids, pa.int64())).column("text").to_pylist()
+        sentences, per_doc = [], []
+        for text in texts:
+            s = self.splitter(text)
+            sentences.extend(s)
+            per_doc.append(len(s))
+        t1 = time.perf_counter()
+        ids = [e.ids for e in self.encoder.encode_batch_fast(sentences, add_special_tokens=False)]
+        t2 = time.perf_counter()
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
+        del ids
+        # Sentences without tokens (only control characters, say) and documents left empty drop out.
+        doc_of_sent = np.repeat(np.arange(len(per_doc)), per_doc)
+        keep = lens > 0
+        kept_lens, kept_doc = lens[keep], doc_of_sent[keep]
+        sents_per_doc = np.bincount(kept_doc, minlength=len(per_doc))
+        kept_docs = np.flatnonzero(sents_per_doc)
+        sent_bounds = [0, *np.cumsum(kept_lens).tolist()]
+        doc_sents = [0, *np.cumsum(sents_per_doc[kept_docs]).tolist()]
+        st.update(
+            sentences=int(keep.sum()),
+            sentences_without_tokens=int((~keep).sum()),
+            documents_without_tokens=len(per_doc) - len(kept_docs),
+            single_sentence_documents=int((sents_per_doc[kept_docs] == 1).sum()),
+            tokens=int(flat.size),
+        )
+        pstats = PairStats()
+        balance = NspBalance(self.params.nsp_random_prob)
+        pairs: list[tuple[int, int, int, int, int]] = []
+        for dupe in range(self.dupe_factor):
+            for local, d in enumerate(kept_docs.tolist()):
+                rng = _doc_rng(self.seed, split, dupe, doc_ids[d])
+                pairs.extend(document_pairs(local, sent_bounds, doc_sents, self.params, rng, balance, pstats))
+        st.update(asdict(pstats))
+        t3 = time.perf_counter()
+        if not pairs:
+            table = _empty_table(self.spec is not None)
+        else:
+            input_ids, token_type_ids, offsets, labels = build_examples(flat, pairs, self.cls_id, self.sep_id)
+            cols = {}
+            if self.spec is not None:
+                input_ids, mlm_labels = self._mask(input_ids, offsets, split, block, st)
+                cols["labels"] = mlm_labels
+            offsets = pa.array(offsets.astype(np.int32))
+            cols = {k: pa.ListArray.from_arrays(offsets, pa.array(v)) for k, v in cols.items()}
+            table = pa.table(
+                {
+                    "input_ids": pa.ListArray.from_arrays(offsets, pa.array(input_ids)),
+                    "token_type_ids": pa.ListArray.from_arrays(offsets, pa.array(token_type_ids)),
+                    "next_sentence_label": pa.array(labels),
+                    **cols,
+                }
+            )
+        t4 = time.perf_counter()
+        st["seconds"] = {"split": t1 - t0, "tokenize": t2 - t1, "pair": t3 - t2, "build_and_mask": t4 - t3}
+        atomic_write_json(self.stats_dir / f"{split}_{block:08d}.json", st)
+        return table
+
+    def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):
+        """Static masking, keyed by (seed, split, block, example within block)."""
+        spec = self.spec
+        masked = input_ids.copy()
+        labels = np.full(input_ids.shape, -100, dtype=np.int32)
+        for k in range(len(offsets) - 1):
+            o0, o1 = int(offsets[k]), int(offsets[k + 1])
+            rng = derive_rng(self.seed, STREAM_MASKING, _STATIC_MASK_EPOCH, split, block, k)
+            masked[o0:o1], labels[o0:o1] = mask_sequence(input_ids[o0:o1], spec, rng)
+        sel = labels != -100
+        st["mask"] = {
+            "candidates": int((~spec.special[input_ids]).sum()),
+            "masked": int(sel.sum()),
+            "as_mask_token": int((masked[sel] == spec.mask_token_id).sum()),
+            "unchanged": int((masked[sel] == input_ids[sel]).sum()),
+        }
+        return masked, labels
+
+
+def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
+    """The corpus as a one-column (``text``) Arrow-backed Dataset; counts in ReadStats."""
+    from datasets import Dataset, Features, Value
+
+    stats = ReadStats()
+    failure: list[BaseException] = []
+
+    def generate():
+        try:
+            for text in iter_documents(data, stats):
+                yield {"text": text}
+        except Exception as e:  # datasets wraps generator errors; keep ours to re-raise as is
+            failure.append(e)
+            raise
+
+    try:
+        docs = Dataset.from_generator(
+            generate,
+            features=Features({"text": Value("string")}),
+            cache_dir=str(work / "documents"),
+            fingerprint=f"documents-{data.cache_key()}",
+        )
+    except Exception:
+        if failure:
+            raise failure[0] from None
+        if stats.documents_kept == 0:
+            docs = None
+        else:
+            raise
+    if docs is None or len(docs) == 0:
+        detail = f"{stats.documents_read} read, {stats.dropped_empty} empty"
+        if stats.records_without_text:
+            detail += f", {stats.records_without_text} without a string {data.text_column!r} ({stats.first_problem})"
+        raise DataError(f"no usable documents in {describe_source(data)} ({detail})")
+    return docs, stats
+
+
+def _length_histogram(lengths: np.ndarray, max_len: int) -> dict[str, int]:
+    width = max(1, max_len // 8)
+    counts = np.bincount(np.minimum(lengths, max_len) // width, minlength=max_len // width + 1)
+    return {f"{i * width}-{min(max_len, (i + 1) * width - 1)}": int(c) for i, c in enumerate(counts) if c}
+
+
+def _sum_block_stats(files: list[Path]) -> dict:
+    total: dict[str, Any] = {}
+
+    def add(dst: dict, src: dict) -> None:
+        for k, v in src.items():
+            if isinstance(v, dict):
+                add(dst.setdefault(k, {}), v)
+            else:
+                dst[k] = dst.get(k, 0) + v
+
+    for f in files:
+        add(total, json.loads(f.read_text(encoding="utf-8")))
+    return total
+
+
+def _build(cfg: Config, out: Path) -> dict:
+    """Build the whole prepared folder at ``out``; returns the stats."""
+    from datasets import Dataset, DatasetDict
+    from datasets.table import InMemoryTable
+
+    data = cfg.data
+    work = out / "work"
+    stats_dir = work / "blocks"
+    stats_dir.mkdir(parents=True)
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+
+    t = time.perf_counter()
+    docs, read_stats = _read_documents(data, work)
+    timings["read"] = time.perf_counter() - t
+
+    n_docs = len(docs)
+    val_mask = assign_splits(n_docs, data.validation_fraction, data.seed)
+    chars = pc.utf8_length(docs.data.table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
+    split_docs = {0: np.flatnonzero(~val_mask), 1: np.flatnonzero(val_mask)}
+    blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
+
+    t = time.perf_counter()
+    if data.tokenizer:
+        tokenizer = load_tokenizer(data.tokenizer, data.max_seq_length)
+    else:
+        train_ids = split_docs[0]
+
+        def train_texts():
+            for lo in range(0, len(train_ids), 1000):
+                yield from (
+                    docs.data.table.take(pa.array(train_ids[lo : lo + 1000])).column("text").to_pylist()
+                )
+
+        tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
+    timings["tokenizer"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    pairer = _BlockPairer(docs, tokenizer, data, stats_dir)
+    splits = {}
+    for s, name in enumerate(SPLITS):
+        rows = {
+            "split": [s] * len(blocks[s]),
+            "block": list(range(len(blocks[s]))),
+            "doc_ids": [b.tolist() for b in blocks[s]],
+        }
+        if not rows["block"]:
+            splits[name] = Dataset(InMemoryTable(_empty_table(data.masking == "static")))
+            continue
+        block_ds = Dataset.from_dict(rows).with_format("arrow")
+        splits[name] = block_ds.map(
+            pairer,
+            batched=True,
+            batch_size=1,
+            num_proc=min(data.num_proc, len(blocks[s])) if data.num_proc > 1 else None,
+            remove_columns=["split", "block", "doc_ids"],
+            cache_file_name=str(work / f"{name}.arrow"),
+            load_from_cache_file=False,
+            new_fingerprint=f"pairs-{data.cache_key()}-{name}",
+            desc=f"pairing {name} ({len(blocks[s])} blocks)",
+        ).with_format(None)
+    timings["split_tokenize_pair"] = time.perf_counter() - t
+
+    if len(splits["train"]) == 0:
+        raise DataError(
+            f"{describe_source(data)} gave no training pairs: every document is a single sentence and there is no "
+            "other document for a random B; add documents or use a multi-sentence corpus"
+        )
+
+    t = time.perf_counter()
+    dd = DatasetDict(splits)
+    num_shards = {name: max(1, min(data.num_shards, len(ds))) for name, ds in dd.items()}
+    dd.save_to_disk(str(out / "dataset"), num_shards=num_shards)
+    save_tokenizer(tokenizer, out / "tokenizer")
+    timings["write"] = time.perf_counter() - t
+
+    stats = _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, time.perf_counter() - t_start)
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed) -> dict:
+    per_split = {}
+    for s, name in enumerate(SPLITS):
+        blk = _sum_block_stats(sorted(stats_dir.glob(f"{s}_*.json")))
+        ds = dd[name]
+        if len(ds):
+            lengths = pc.list_value_length(ds.data.table.column("input_ids")).to_numpy().astype(np.int64)
+        else:
+            lengths = np.zeros(0, np.int64)
+        pairs = len(ds)
+        entry = {
+            "examples": pairs,
+            "documents": int(blk.get("documents", 0)),
+            "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
+            "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
+            "sentences": int(blk.get("sentences", 0)),
+            "tokens": int(blk.get("tokens", 0)),
+            "example_tokens": int(lengths.sum()),
+            "nsp": {
+                "random_next": int(blk.get("random_next", 0)),
+                "is_next": pairs - int(blk.get("random_next", 0)),
+                "random_share": (blk.get("random_next", 0) / pairs) if pairs else None,
+                "forced_random": int(blk.get("forced_random", 0)),
+                "no_other_document": int(blk.get("no_other_document", 0)),
+                "skipped_single_segment": int(blk.get("skipped_single_segment", 0)),
+            },
+            "truncated_tokens": int(blk.get("truncated_tokens", 0)),
+            "length_histogram": _length_histogram(lengths, data.max_seq_length),
+            "mean_length": float(lengths.mean()) if pairs else None,
+            "padding_fraction_at_max_seq_length": (
+                1.0 - float(lengths.sum()) / (pairs * data.max_seq_length) if pairs else None
+            ),
+            "cpu_seconds": blk.get("seconds", {}),
+        }
+        if "mask" in blk:
+            m = blk["mask"]
+            sel = max(1, m["masked"])
+            entry["masking"] = {
+                "masked": m["masked"],
+                "masked_share_of_candidates": m["masked"] / max(1, m["candidates"]),
+                "as_mask_token": m["as_mask_token"] / sel,
+                "as_random_token": (m["masked"] - m["as_mask_token"] - m["unchanged"]) / sel,
+                "unchanged": m["unchanged"] / sel,
+            }
+        per_split[name] = entry
+    tokens = sum(v["tokens"] for v in per_split.values())
+    return {
+        "source": describe_source(data),
+        "cache_key": data.cache_key(),
+        "tokenizer": data.tokenizer or "trained WordPiece",
+        "tokenizer_size": len(tokenizer),
+        "model_vocab_size": round_vocab_size(len(tokenizer)),
+        "max_seq_length": data.max_seq_length,
+        "masking": data.masking,
+        "documents": {**asdict(read_stats), "documents_kept": read_stats.documents_kept},
+        "splits": {name: v["examples"] for name, v in per_split.items()},
+        "nsp_random_share": per_split["train"]["nsp"]["random_share"],
+        "per_split": per_split,
+        "tokens": tokens,
+        "seconds": {**timings, "total": elapsed},
+        "tokens_per_sec": tokens / elapsed if elapsed > 0 else None,
+        "num_proc": data.num_proc,
+    }
+
+
+def _warnings(stats: dict) -> list[str]:
+    out = []
+    train = stats["per_split"]["train"]
+    share = train["nsp"]["random_share"]
+    if share is not None and not 0.45 <= share <= 0.55:
+        why = ""
+        if train["nsp"]["no_other_document"] or train["nsp"]["skipped_single_segment"]:
+            why = " (a block holds a single document, so a random B was impossible; add documents)"
+        elif train["nsp"]["forced_random"] > 0.5 * train["examples"]:
+            why = " (most chunks are single sentences, which force a random B; use longer documents)"
+        out.append(f"NSP random share {share:.3f} is outside 0.45-0.55{why}")
+    d = stats["documents"]
+    if d["invalid_utf8_replaced"]:
+        out.append(f"{d['invalid_utf8_replaced']} invalid UTF-8 sequences were replaced with U+FFFD")
+    if d["records_without_text"] or d["invalid_json_lines"]:
+        out.append(
+            f"skipped {d['records_without_text']} records without text and {d['invalid_json_lines']} invalid JSON "
+            f"lines; first: {d['first_problem']}"
+        )
+    return out
+
+
+def print_summary(stats: dict, path: Path) -> None:
+    """A short human summary of ``stats.json``."""
+    d, train, val = stats["documents"], stats["per_split"]["train"], stats["per_split"]["validation"]
+    lines = [
+        f"prepared {stats['source']} -> {path}",
+        f"  documents: {d['documents_read']} read, {d['documents_kept']} kept, {d['dropped_empty']} empty dropped, "
+        f"{train['documents']} train / {val['documents']} validation",
+        f"  sentences: {train['sentences'] + val['sentences']}, tokens: {stats['tokens']}, "
+        f"tokenizer: {stats['tokenizer_size']} (model vocab {stats['model_vocab_size']})",
+        f"  examples: {train['examples']} train / {val['examples']} validation, max_seq_length "
+        f"{stats['max_seq_length']}, mean length {train['mean_length'] or 0:.1f}, padding at max length "
+        f"{(train['padding_fraction_at_max_seq_length'] or 0):.1%}",
+        f"  NSP random share (train): {train['nsp']['random_share'] or 0:.3f} "
+        f"({train['nsp']['forced_random']} forced by one-segment chunks)",
+    ]
+    if "masking" in train:
+        m = train["masking"]
+        lines.append(
+            f"  static masking: {m['masked_share_of_candidates']:.3f} of tokens, "
+            f"{m['as_mask_token']:.2f}/{m['as_random_token']:.2f}/{m['unchanged']:.2f} mask/random/kept"
+        )
+    sec = stats["seconds"]
+    lines.append(
+        "  seconds: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sec.items())
+        + f"; {stats['tokens_per_sec']:.0f} tokens/s"
+    )
+    lines += [f"  warning: {w}" for w in _warnings(stats)]
+    print("\n".join(lines), flush=True)
+
+
+def prepare(cfg: Config, force: bool = False) -> Path:
+    """The prepared folder for ``cfg.data``, built unless a complete cached copy exists (or ``force``)."""
+    data = cfg.data
+    data.validate()
+    final = cache_path(data)
+    if is_complete(final) and not force:
+        print(f"bert-mp prepare: reusing {final} (same data config; --force rebuilds)", flush=True)
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        stats = _build(cfg, tmp)
+        stats["warnings"] = _warnings(stats)
+        save_config(data_only(cfg), tmp / "config.yaml")
+        atomic_write_json(tmp / "stats.json", stats)
+        (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+        if final.exists():
+            old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+            final.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(stats, final)
+    return final
+
+
+def data_only(cfg: Config) -> Config:
+    """The config with only the data section from ``cfg`` (the rest at defaults): what the folder depends on."""
+    return Config(data=cfg.data)
+
+
+def command(config_path: str | None, overrides: list[str], force: bool = False) -> int:
+    """``bert-mp prepare [CONFIG] [key=value ...] [--force]``."""
+    cfg = load_config(config_path, overrides)
+    prepare(cfg, force=force)
+    return 0

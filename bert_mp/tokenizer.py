@@ -1,0 +1,95 @@
+"""WordPiece tokenizer: train on the corpus, or load a pretrained one; save so AutoTokenizer loads it.
+
+The Hugging Face tokenizer is built from the trained ``tokenizers`` object itself. (With
+transformers 5.x, ``BertTokenizerFast(vocab_file=...)`` silently builds a 5-token vocabulary.)
+The model vocabulary is the tokenizer size rounded up to a multiple of 64 (tensor-core friendly:
+BERT's 30522 becomes 30528).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bert_mp.errors import DataError
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def round_vocab_size(size: int, multiple: int = 64) -> int:
+    """``size`` rounded up to a multiple of ``multiple``."""
+    return -(-size // multiple) * multiple
+
+
+def train_wordpiece(
+    texts: Iterator[str], vocab_size: int, lowercase: bool = True, length: int | None = None
+) -> Any:
+    """Train a BERT WordPiece tokenizer on ``texts``; returns a ``BertTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, lowercase=lowercase
+    )
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        continuing_subword_prefix="##",
+        show_progress=True,
+    )
+    tk.train_from_iterator(texts, trainer=trainer, length=length)
+    cls_id, sep_id = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    hf = BertTokenizerFast(tokenizer_object=tk, do_lower_case=lowercase)
+    if len(hf) != tk.get_vocab_size():
+        raise RuntimeError(f"tokenizer wrapper lost tokens: {len(hf)} != {tk.get_vocab_size()}")
+    return hf
+
+
+def load_tokenizer(name_or_path: str, max_seq_length: int | None = None) -> Any:
+    """A pretrained fast tokenizer by Hub name or local path, checked for what BERT data needs."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as e:  # missing path, offline Hub, broken files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"data.tokenizer: cannot load {name_or_path!r}: {first}") from None
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"data.tokenizer: {name_or_path!r} has no fast (Rust) tokenizer; bert_mp needs one")
+    missing = [
+        n for n in ("cls_token", "sep_token", "mask_token", "pad_token") if getattr(tok, n, None) is None
+    ]
+    if missing:
+        raise DataError(
+            f"data.tokenizer: {name_or_path!r} lacks {', '.join(missing)} needed for BERT pretraining"
+        )
+    limit = getattr(tok, "model_max_length", None)
+    if max_seq_length is not None and limit is not None and limit < max_seq_length:
+        raise DataError(
+            f"data.max_seq_length={max_seq_length} exceeds the tokenizer's model_max_length={limit} ({name_or_path})"
+        )
+    return tok
+
+
+def encoder(tokenizer: Any) -> Any:
+    """A copy of the Rust tokenizer with truncation and padding off, for ``encode_batch_fast``."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def save_tokenizer(tokenizer: Any, path: Path) -> None:
+    """Save so that ``AutoTokenizer.from_pretrained(path)`` gives the same vocabulary back."""
+    tokenizer.save_pretrained(str(path))
