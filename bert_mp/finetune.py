@@ -304,9 +304,13 @@ def run_finetune(cfg: Config) -> dict[str, Any]:
         tokenized[split] = tokenized[split].rename_column("label_id", "labels")
 
     # ---- precision, accelerator ------------------------------------------------------------------
-    plan = resolve_precision(ft.precision, PartialState().device)
+    # Without CUDA, say so explicitly: Accelerate then uses gloo for multi-process CPU launches.
+    cpu = not torch.cuda.is_available()
+    plan = resolve_precision(ft.precision, PartialState(cpu=cpu).device)
     accelerator = Accelerator(
-        mixed_precision=plan.accelerate_mixed_precision, kwargs_handlers=plan.accelerate_kwargs_handlers()
+        cpu=cpu,
+        mixed_precision=plan.accelerate_mixed_precision,
+        kwargs_handlers=plan.accelerate_kwargs_handlers(),
     )
     plan.apply_backend_flags()
     world = accelerator.num_processes

@@ -1,0 +1,289 @@
+"""Fine-tuning: metrics, checkpoint hand-off, clear errors, and a tiny run end to end through the CLI."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
+
+from bert_mp.config import load_config
+from bert_mp.errors import ConfigError, DataError
+from bert_mp.finetune import (
+    build_classifier,
+    check_vocab,
+    classification_metrics,
+    resolve_checkpoint,
+    run_finetune,
+    tokenize_split,
+)
+from bert_mp.tasks import build_label_space
+
+WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window", "quiet", "metal"]
+
+
+def make_tokenizer(texts, vocab_size=120):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def make_checkpoint(folder, tokenizer, vocab_size=None, max_pos=64, seed=1234):
+    """A tiny BertForPreTraining export like bert_mp's final/: save_pretrained + tokenizer."""
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=vocab_size or -(-len(tokenizer) // 64) * 64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_pos,
+    )
+    BertForPreTraining(cfg).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+def sentence(i, label_word):
+    """Filler words plus a word that decides the label: a task a tiny model learns in a few steps."""
+    filler = [
+        WORDS[(i * 7 + j * 3) % len(WORDS)]
+        for j in range(6)
+        if WORDS[(i * 7 + j * 3) % len(WORDS)] not in ("apple", "stone")
+    ]
+    return " ".join(filler[:3] + [label_word] + filler[3:])
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer([" ".join(WORDS)] * 20 + [f"number {i}" for i in range(50)])
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tok):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "final", tok)
+
+
+def write_csv(path, n, offset=0, labels=("apple", "stone")):
+    lines = ["text,label"]
+    for i in range(offset, offset + n):
+        word = labels[i % len(labels)]
+        lines.append(f"{sentence(i, word)},{word}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# metrics
+# --------------------------------------------------------------------------------------------------
+def test_binary_metrics_match_hand_computation():
+    y_true = [1, 1, 1, 0, 0, 0, 0, 1]
+    y_pred = [1, 1, 0, 0, 0, 1, 0, 1]
+    m = classification_metrics(y_true, y_pred)
+    tp, tn, fp, fn = 3, 3, 1, 1
+    assert m["accuracy"] == pytest.approx(6 / 8)
+    assert m["mcc"] == pytest.approx(
+        (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    )
+    assert m["macro_f1"] == pytest.approx((0.75 + 0.75) / 2)
+
+
+def test_multiclass_metrics_and_degenerate_cases():
+    m = classification_metrics([0, 1, 2, 2], [0, 2, 2, 2])
+    assert m["per_class_f1"] == {0: 1.0, 1: 0.0, 2: pytest.approx(0.8)}
+    assert m["macro_f1"] == pytest.approx(1.8 / 3)
+    assert classification_metrics([0, 1], [0, 1])["mcc"] == pytest.approx(1.0)
+    assert classification_metrics([0, 1, 0], [1, 1, 1])["mcc"] == 0.0  # constant predictions
+    assert classification_metrics([], [])["accuracy"] is None
+
+
+# --------------------------------------------------------------------------------------------------
+# the hand-off: BertForPreTraining export -> BertForSequenceClassification
+# --------------------------------------------------------------------------------------------------
+def test_roundtrip_only_cls_heads_unused_and_only_classifier_new(ckpt):
+    labels = build_label_space(["neg", "pos", "mid"])
+    model, loading = build_classifier(str(ckpt), labels, "pretrained", seed=0)
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    assert loading["newly_initialized"] == ["classifier.bias", "classifier.weight"]
+    assert loading["unused"] == sorted(k for k in saved if k.startswith("cls."))
+    assert loading["unused"]  # the pretraining heads were in the file
+    state = model.state_dict()
+    for k, v in saved.items():
+        if not k.startswith("cls."):
+            assert torch.equal(state[k], v), k
+    assert model.config.id2label == {0: "mid", 1: "neg", 2: "pos"}
+
+
+def test_random_init_keeps_architecture_but_not_weights(ckpt):
+    labels = build_label_space([0, 1])
+    model, loading = build_classifier(str(ckpt), labels, "random", seed=0)
+    pre, _ = build_classifier(str(ckpt), labels, "pretrained", seed=0)
+    assert (
+        loading["init"] == "random"
+        and "bert.embeddings.word_embeddings.weight" in loading["newly_initialized"]
+    )
+    assert model.config.hidden_size == pre.config.hidden_size == 32
+    w = "bert.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(model.state_dict()[w], pre.state_dict()[w])
+
+
+def test_train_run_folder_means_its_final(ckpt):
+    assert resolve_checkpoint(str(ckpt.parent)) == str(ckpt)
+
+
+def test_not_a_bert_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="not a BERT checkpoint \\(no config.json\\)"):
+        resolve_checkpoint(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is a 'gpt2' checkpoint"):
+        resolve_checkpoint(str(tmp_path))
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match="no weights"):
+        resolve_checkpoint(str(tmp_path))
+    with pytest.raises(ConfigError, match="finetune.checkpoint: set it"):
+        resolve_checkpoint(None)
+    with pytest.raises(ConfigError, match="neither a local folder nor loadable from the Hub"):
+        resolve_checkpoint("no-such-org/no-such-bert-model")
+
+
+def test_vocab_mismatch_is_a_clear_error(tmp_path, tok):
+    check_vocab(tok, -(-len(tok) // 64) * 64, "ck", "tk")  # bert_mp's rounding to 64 is fine
+    with pytest.raises(ConfigError, match="do not belong together"):
+        check_vocab(tok, len(tok) - 1, "ck", "tk")
+    with pytest.raises(ConfigError, match="do not belong together"):
+        check_vocab(tok, len(tok) + 1000, "ck", "tk")
+    big = make_checkpoint(tmp_path / "big", tok, vocab_size=len(tok) + 500)
+    train = write_csv(tmp_path / "t.csv", 20)
+    cfg = load_config(
+        None, [f"finetune.checkpoint={big}", "finetune.task=local", f"finetune.train_file={train}"]
+    )
+    with pytest.raises(
+        ConfigError, match=f"has {len(tok)} tokens but checkpoint .* has {len(tok) + 500} embeddings"
+    ):
+        run_finetune(cfg)
+
+
+def test_max_seq_length_beyond_positions_names_the_key(tmp_path, ckpt):
+    cfg = load_config(None, [f"finetune.checkpoint={ckpt}", "finetune.max_seq_length=65"])
+    with pytest.raises(ConfigError, match="finetune.max_seq_length: 65 exceeds the checkpoint's 64 position"):
+        run_finetune(cfg)
+
+
+def test_long_texts_are_truncated_and_counted(tok):
+    import datasets
+
+    ds = datasets.Dataset.from_dict(
+        {"text": ["apple " * 3, "stone " * 30, "river " * 14], "label_id": [0, 1, 0]}
+    )
+    out, n = tokenize_split(ds, tok, max_length=16, has_pair=False)
+    assert n == 1
+    assert [len(x) for x in out["input_ids"]] == [5, 16, 16]
+    assert out["input_ids"][1][-1] == tok.sep_token_id
+    assert out["label_id"] == [0, 1, 0]
+
+
+# --------------------------------------------------------------------------------------------------
+# runs
+# --------------------------------------------------------------------------------------------------
+def _overrides(ckpt, tmp_path, **extra):
+    base = {
+        "checkpoint": ckpt,
+        "task": "local",
+        "train_file": write_csv(tmp_path / "train.csv", 96),
+        "validation_file": write_csv(tmp_path / "val.csv", 24, offset=500),
+        "test_file": write_csv(tmp_path / "test.csv", 24, offset=900),
+        "output_dir": tmp_path / "out",
+        "batch_size": 16,
+        "learning_rate": 3e-3,
+        "warmup_ratio": 0.0,
+        "epochs": 4,
+        "max_seq_length": 32,
+        "progress_bar": False,
+    }
+    base.update(extra)
+    return [f"finetune.{k}={v}" for k, v in base.items()]
+
+
+def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert_mp", "finetune", *_overrides(ckpt, tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test" in proc.stdout and "macro-F1" in proc.stdout
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 4 * 6
+    assert summary["loading"]["newly_initialized"] == ["classifier.bias", "classifier.weight"]
+    assert summary["test"]["accuracy"] >= 0.9, summary["test"]
+    assert summary["task"]["labels"] == ["apple", "stone"]
+    kinds = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert kinds.count("train") == 24 and kinds.count("eval") == 4 and kinds[-1] == "test"
+    assert (out / "config.yaml").is_file()
+    # The export is plain transformers and predicts with the string labels.
+    model = BertForSequenceClassification.from_pretrained(out / "final").eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / "final")
+    with torch.no_grad():
+        logits = model(
+            **tokenizer([sentence(1, "apple"), sentence(2, "stone")], return_tensors="pt", padding=True)
+        ).logits
+    assert [model.config.id2label[i] for i in logits.argmax(-1).tolist()] == ["apple", "stone"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_runs_record_the_plan(tmp_path, ckpt, precision):
+    cfg = load_config(None, _overrides(ckpt, tmp_path, precision=precision, max_steps=3, save_model=False))
+    s = run_finetune(cfg)
+    assert s["precision"]["name"] == precision
+    assert s["precision"]["autocast_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    assert s["steps"] == 3 and math.isfinite(s["validation"]["loss"])
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert ("amp/loss_scale" in rows[0]) == (precision == "fp16")
+    assert not (tmp_path / "out" / "final").exists()
+
+
+def test_unseen_validation_labels_counted_or_refused(tmp_path, ckpt):
+    val = write_csv(tmp_path / "val3.csv", 12, labels=("apple", "stone", "river"))
+    cfg = load_config(None, _overrides(ckpt, tmp_path, validation_file=val, max_steps=2, save_model=False))
+    s = run_finetune(cfg)
+    assert s["task"]["unseen_labels"] == {"validation": {"river": 4}}
+    assert s["validation"]["examples"] == 12
+    assert s["validation"]["accuracy"] <= 8 / 12  # the 4 unseen ones can never be right
+    assert "unseen:2" in s["validation"]["per_class_f1"]
+    cfg = load_config(None, _overrides(ckpt, tmp_path, validation_file=val, unseen_labels="error"))
+    with pytest.raises(DataError, match="never seen in train: 'river' x4"):
+        run_finetune(cfg)
