@@ -126,7 +126,7 @@ def _read_text_file(path: Path, cfg: DataConfig, stats: ReadStats) -> Iterator[s
             buf = carry + text
             parts = _BLANK_LINE.split(buf)
             carry = "" if final else parts.pop()
-            yield from parts
+            yield from (p for p in parts if p)  # "" only before the first / after the last blank line
             while len(carry) > MAX_DOCUMENT_CHARS:
                 stats.split_oversize += 1
                 cut = carry.rfind("\n", 0, MAX_DOCUMENT_CHARS)

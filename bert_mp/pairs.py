@@ -45,23 +45,33 @@ class PairStats:
 
 @dataclass
 class NspBalance:
-    """Running counts in a block; tells free choices how often to take a random B."""
+    """Running counts in a block; tells free choices how often to take a random B.
+
+    ``p = (r - f) / (1 - f)`` with ``f`` the running share of forced randoms gives the right
+    expected share; a proportional term on the running surplus of random pairs keeps the realised
+    share close to ``r`` as well (a few pairs' worth of deviation, not a drift).
+    """
 
     target: float
     total: int = 0
     forced: int = 0
+    random: int = 0
     prior: int = field(default=10, repr=False)
     """Pseudo-count of unforced pairs, so the first chunks use ``target`` unchanged."""
+    gain: float = field(default=0.1, repr=False)
+    """Change of ``p`` per pair of surplus (or deficit) of random pairs."""
 
     def free_random_prob(self) -> float:
         f = self.forced / (self.total + self.prior)
         if f >= 1.0:
             return 0.0
-        return min(1.0, max(0.0, (self.target - f) / (1.0 - f)))
+        p = (self.target - f) / (1.0 - f) + self.gain * (self.target * self.total - self.random)
+        return min(1.0, max(0.0, p))
 
-    def record(self, forced: bool) -> None:
+    def record(self, forced: bool, label: int) -> None:
         self.total += 1
         self.forced += int(forced)
+        self.random += label
 
 
 @dataclass(frozen=True)
@@ -149,7 +159,7 @@ def document_pairs(
                 label = 0
             af, ab, bf, bb = truncation_amounts(a1 - a0, b1 - b0, max_tokens, rng)
             out.append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
-            balance.record(forced)
+            balance.record(forced, label)
             stats.pairs += 1
             stats.random_next += label
             stats.forced_random += int(forced)

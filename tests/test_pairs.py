@@ -1,0 +1,152 @@
+"""NSP pairing: layout, fit, positives continue A in the same document, randoms come from another
+document, truncation matches the reference loop, label balance stays near 50/50."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from bert_mp.pairs import NspBalance, build_examples, pairs_from_token_lists, truncation_amounts
+
+CLS, SEP = 2, 3
+
+
+def _corpus(rng: random.Random, n_docs: int, max_sents: int, max_len: int):
+    """Documents whose token ids are unique, so every token tells its document and position."""
+    where = {}
+    docs = []
+    next_id = 10
+    for d in range(n_docs):
+        doc, pos = [], 0
+        for _ in range(rng.randint(1, max_sents)):
+            sent = []
+            for _ in range(rng.randint(1, max_len)):
+                where[next_id] = (d, pos)
+                sent.append(next_id)
+                next_id += 1
+                pos += 1
+            doc.append(sent)
+        docs.append(doc)
+    return docs, where
+
+
+def _check_examples(examples, where, max_seq_length):
+    for ex in examples:
+        ids, tt = ex["input_ids"], ex["token_type_ids"]
+        assert len(ids) <= max_seq_length
+        assert len(ids) == len(tt)
+        assert ids[0] == CLS and ids[-1] == SEP
+        seps = [i for i, t in enumerate(ids) if t == SEP]
+        assert len(seps) == 2
+        a, b = ids[1 : seps[0]], ids[seps[0] + 1 : -1]
+        assert a and b
+        # exactly one A/B boundary: 0 through the first [SEP], 1 after
+        assert tt == [0] * (seps[0] + 1) + [1] * (len(ids) - seps[0] - 1)
+        for seg in (a, b):
+            d0, p0 = where[seg[0]]
+            assert [where[t] for t in seg] == [(d0, p0 + k) for k in range(len(seg))]  # contiguous text
+        (da, pa_end), (db, pb_start) = where[a[-1]], where[b[0]]
+        if ex["next_sentence_label"] == 0:
+            assert da == db and pb_start > pa_end  # B continues A in the same document
+        else:
+            assert da != db  # random B comes from another document
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_examples_follow_reference_semantics(seed):
+    rng = random.Random(seed)
+    docs, where = _corpus(rng, n_docs=40, max_sents=12, max_len=25)
+    examples, stats = pairs_from_token_lists(docs, max_seq_length=64, rng=random.Random(seed + 100))
+    assert stats.pairs == len(examples) > 50
+    _check_examples(examples, where, 64)
+
+
+def test_short_seq_prob_gives_short_targets():
+    docs, where = _corpus(random.Random(1), n_docs=60, max_sents=20, max_len=20)
+    long_ex, _ = pairs_from_token_lists(docs, 128, random.Random(0), short_seq_prob=0.0)
+    short_ex, _ = pairs_from_token_lists(docs, 128, random.Random(0), short_seq_prob=1.0)
+    mean = lambda exs: np.mean([len(e["input_ids"]) for e in exs])  # noqa: E731
+    assert mean(short_ex) < 0.8 * mean(long_ex)
+    _check_examples(short_ex, where, 128)
+
+
+def test_label_balance_compensates_forced_randoms():
+    # Short documents of long sentences: many one-segment chunks force a random B.
+    docs, where = _corpus(random.Random(2), n_docs=400, max_sents=3, max_len=60)
+    examples, stats = pairs_from_token_lists(docs, 64, random.Random(3))
+    share = np.mean([e["next_sentence_label"] for e in examples])
+    assert stats.forced_random > 0.2 * stats.pairs  # the skew really is there
+    assert 0.47 <= share <= 0.53
+    _check_examples(examples, where, 64)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5])
+def test_nsp_random_prob_is_the_target(p):
+    docs, _ = _corpus(random.Random(4), n_docs=300, max_sents=15, max_len=15)
+    examples, stats = pairs_from_token_lists(docs, 64, random.Random(5), nsp_random_prob=p)
+    share = np.mean([e["next_sentence_label"] for e in examples])
+    floor = stats.forced_random / stats.pairs  # one-segment chunks are random whatever p is
+    assert share == pytest.approx(max(p, floor), abs=0.03)
+
+
+def test_single_document_cannot_have_random_b_and_says_so():
+    docs, where = _corpus(random.Random(6), n_docs=1, max_sents=30, max_len=40)
+    examples, stats = pairs_from_token_lists(docs, 64, random.Random(7))
+    assert all(e["next_sentence_label"] == 0 for e in examples)
+    assert stats.no_other_document + stats.skipped_single_segment > 0
+    _check_examples(examples, where, 64)
+
+
+def test_empty_sentences_and_documents_are_skipped():
+    docs = [[], [[], []], [[10, 11], [], [12]], [[20], [21, 22]]]
+    examples, stats = pairs_from_token_lists(docs, 16, random.Random(0))
+    assert examples
+    used = {t for e in examples for t in e["input_ids"]} - {CLS, SEP}
+    assert used <= {10, 11, 12, 20, 21, 22}
+
+
+def _reference_truncation(la: int, lb: int, max_tokens: int) -> tuple[int, int]:
+    """Per-side removals of the reference loop (longer side, B on a tie)."""
+    ra = rb = 0
+    while la + lb > max_tokens:
+        if la > lb:
+            la, ra = la - 1, ra + 1
+        else:
+            lb, rb = lb - 1, rb + 1
+    return ra, rb
+
+
+def test_truncation_matches_reference_totals_and_is_fair():
+    rng = random.Random(0)
+    for la in range(1, 40):
+        for lb in range(1, 40):
+            for m in (5, 17, 40):
+                af, ab, bf, bb = truncation_amounts(la, lb, m, rng)
+                assert (af + ab, bf + bb) == _reference_truncation(la, lb, m)
+                assert min(af, ab, bf, bb) >= 0 and la - af - ab >= 1 and lb - bf - bb >= 1
+    fronts = [truncation_amounts(100, 1, 21, rng)[0] for _ in range(4000)]
+    assert np.mean(fronts) == pytest.approx(40, abs=0.5)  # Binomial(80, 1/2)
+    assert np.var(fronts) == pytest.approx(20, rel=0.15)
+
+
+def test_build_examples_layout():
+    flat = np.arange(100, 120, dtype=np.int32)
+    ids, tt, off, labels = build_examples(flat, [(0, 3, 10, 12, 0), (5, 6, 0, 1, 1)], CLS, SEP)
+    assert ids[off[0] : off[1]].tolist() == [CLS, 100, 101, 102, SEP, 110, 111, SEP]
+    assert tt[off[0] : off[1]].tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
+    assert ids[off[1] : off[2]].tolist() == [CLS, 105, SEP, 100, SEP]
+    assert labels.tolist() == [0, 1]
+
+
+def test_balance_prior_starts_at_target():
+    b = NspBalance(0.5)
+    assert b.free_random_prob() == 0.5
+    for _ in range(90):
+        b.record(forced=True, label=1)
+    assert b.free_random_prob() == 0.0  # more than half forced: free choices all continue
+    b = NspBalance(0.5)
+    for label in [0] * 10:
+        b.record(forced=False, label=label)
+    assert b.free_random_prob() == 1.0  # a run of continuations is paid back

@@ -1,0 +1,67 @@
+"""Sentence splitting: boundaries, abbreviations, blank lines, overlong pieces, arbitrary Unicode."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bert_mp.errors import DataError
+from bert_mp.segment import build_splitter, split_sentences
+
+
+def test_splits_on_sentence_ends_and_blank_lines():
+    text = (
+        'First one. Second "quoted!" Third?  "Fourth," he said. 5 is a number.\n\nNew paragraph\nwrapped line'
+    )
+    assert split_sentences(text) == [
+        "First one.",
+        'Second "quoted!"',
+        "Third?",
+        '"Fourth," he said.',
+        "5 is a number.",
+        "New paragraph wrapped line",
+    ]
+
+
+def test_abbreviations_and_lowercase_do_not_split():
+    text = "Use e.g. Python or i.e. Perl. The call f.x. then ok. version 3.12 is out."
+    assert split_sentences(text) == [
+        "Use e.g. Python or i.e. Perl.",
+        "The call f.x. then ok. version 3.12 is out.",
+    ]
+
+
+def test_overlong_pieces_are_cut_at_whitespace():
+    word = "abcdefghi "
+    out = split_sentences(word * 1000, max_chars=100)
+    assert all(0 < len(s) <= 100 for s in out)
+    assert "".join(out).replace(" ", "") == (word * 1000).replace(" ", "")
+    # no whitespace at all: hard cut
+    out = split_sentences("x" * 5000, max_chars=1000)
+    assert [len(s) for s in out] == [1000] * 5
+
+
+def test_empty_and_whitespace_give_no_sentences():
+    assert split_sentences("") == []
+    assert split_sentences(" \n\n\t \n") == []
+
+
+def test_unknown_or_missing_splitter_is_a_one_line_error():
+    assert build_splitter("rule")("A b. C d.") == ["A b.", "C d."]
+    with pytest.raises(DataError):
+        build_splitter("nope")
+    try:
+        import blingfire  # noqa: F401
+    except ImportError:
+        with pytest.raises(DataError, match="pip install blingfire"):
+            build_splitter("blingfire")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=3000), st.integers(min_value=8, max_value=500))
+def test_properties_on_arbitrary_unicode(text, max_chars):
+    out = split_sentences(text, max_chars=max_chars)
+    assert all(s and s == s.strip() and len(s) <= max_chars for s in out)
+    # nothing but whitespace is lost, and order is kept
+    assert "".join("".join(out).split()) == "".join(text.split())
