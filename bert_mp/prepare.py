@@ -392,7 +392,8 @@ def _build(cfg: Config, out: Path) -> dict:
 def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed) -> dict:
     per_split = {}
     for s, name in enumerate(SPLITS):
-        blk = _sum_block_stats(sorted(stats_dir.glob(f"{s}_*.json")))
+        block_files = sorted(stats_dir.glob(f"{s}_*.json"))
+        blk = _sum_block_stats(block_files)
         ds = dd[name]
         if len(ds):
             lengths = pc.list_value_length(ds.data.table.column("input_ids")).to_numpy().astype(np.int64)
@@ -401,6 +402,7 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
         pairs = len(ds)
         entry = {
             "examples": pairs,
+            "blocks": len(block_files),
             "documents": int(blk.get("documents", 0)),
             "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
             "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),

@@ -1,0 +1,346 @@
+"""`bert-mp prepare` end to end on tiny corpora: layout, statistics, determinism across num_proc,
+cache keying and atomicity, static masking, and bad input through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from bert_mp import prepare as prep
+from bert_mp.cli import main
+from bert_mp.config import load_config
+from bert_mp.errors import DataError
+from bert_mp.masking import PretrainingCollator
+
+WORDS = [
+    "the",
+    "a",
+    "module",
+    "function",
+    "returns",
+    "value",
+    "list",
+    "string",
+    "object",
+    "file",
+    "path",
+    "data",
+    "error",
+    "type",
+    "class",
+    "method",
+    "argument",
+    "default",
+    "number",
+    "name",
+    "time",
+    "system",
+    "process",
+    "thread",
+    "socket",
+    "buffer",
+    "stream",
+    "parser",
+    "token",
+    "encode",
+    "decode",
+    "read",
+    "write",
+    "open",
+    "close",
+    "call",
+    "raise",
+    "handle",
+    "check",
+    "format",
+    "convert",
+    "create",
+]
+
+
+def write_corpus(path: Path, n_docs: int = 150, seed: int = 0, max_sents: int = 10) -> Path:
+    """Text file of documents (blank-line separated) of random sentences from a small lexicon."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sents = []
+        for _ in range(rng.randint(1, max_sents)):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 18))]
+            sents.append(" ".join(words).capitalize() + rng.choice([".", ".", "?", "!"]))
+        docs.append(" ".join(sents))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def _cfg(tmp_path: Path, corpus: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "data.source=text",
+            f"data.paths=[{corpus}]",
+            "data.vocab_size=200",
+            "data.max_seq_length=48",
+            "data.validation_fraction=0.1",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("prepared")
+    return prep.load_prepared(prep.prepare(_cfg(tmp, corpus)))
+
+
+def test_output_layout_columns_and_tokenizer(prepared):
+    p = prepared.path
+    for name in ("dataset", "tokenizer", "config.yaml", "stats.json", "COMPLETE"):
+        assert (p / name).exists(), name
+    assert p.name == load_config(p / "config.yaml").data.cache_key()
+    assert set(prepared.dataset) == {"train", "validation"}
+    assert prepared.dataset["train"].column_names == ["input_ids", "token_type_ids", "next_sentence_label"]
+    tok = AutoTokenizer.from_pretrained(str(p / "tokenizer"))
+    assert len(tok) == prepared.stats["tokenizer_size"] > 100
+    assert prepared.stats["model_vocab_size"] % 64 == 0
+    assert prepared.stats["model_vocab_size"] - 64 < len(tok) <= prepared.stats["model_vocab_size"]
+
+
+def test_every_example_fits_and_has_one_boundary(prepared):
+    cls, sep = prepared.tokenizer.cls_token_id, prepared.tokenizer.sep_token_id
+    for split in ("train", "validation"):
+        ds = prepared.dataset[split]
+        assert len(ds) > 0
+        for ex in ds:
+            ids, tt = ex["input_ids"], ex["token_type_ids"]
+            assert len(ids) <= 48 and len(ids) == len(tt)
+            assert ids[0] == cls and ids[-1] == sep and ids.count(sep) == 2
+            first_sep = ids.index(sep)
+            assert tt == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1)
+            assert first_sep >= 2 and len(ids) - first_sep >= 3  # A and B are non-empty
+
+
+def test_stats_are_consistent_with_the_data(prepared):
+    s, ds = prepared.stats, prepared.dataset["train"]
+    labels = np.array(ds["next_sentence_label"])
+    train = s["per_split"]["train"]
+    assert s["splits"] == {"train": len(ds), "validation": len(prepared.dataset["validation"])}
+    assert train["nsp"]["random_next"] == labels.sum()
+    assert 0.45 <= s["nsp_random_share"] <= 0.55
+    assert sum(train["length_histogram"].values()) == len(ds)
+    lengths = np.array([len(x) for x in ds["input_ids"]])
+    assert train["padding_fraction_at_max_seq_length"] == pytest.approx(1 - lengths.mean() / 48)
+    d = s["documents"]
+    assert d["documents_read"] == d["documents_kept"] == 150
+    assert train["documents"] + s["per_split"]["validation"]["documents"] == 150
+    assert s["tokens"] > 0 and s["tokens_per_sec"] > 0
+    assert set(s["seconds"]) >= {"read", "tokenizer", "split_tokenize_pair", "write", "total"}
+
+
+def test_collator_masks_prepared_examples(prepared):
+    cfg = load_config(prepared.path / "config.yaml")
+    collate = PretrainingCollator(prepared.tokenizer, cfg.data, seed=1)
+    feats = [dict(prepared.dataset["train"][i], index=i, epoch=0) for i in range(16)]
+    batch = collate(feats)
+    assert ((batch["labels"] != -100).sum(1) >= 1).all()
+    assert (batch["labels"][batch["input_ids"] == prepared.tokenizer.cls_token_id] == -100).all()
+
+
+def _rows(path: Path) -> dict:
+    data = prep.load_prepared(path).dataset
+    return {split: data[split].data.table for split in data}
+
+
+def test_num_proc_does_not_change_a_byte(tmp_path, corpus, prepared):
+    # A fixed tokenizer: WordPiece *training* itself is not reproducible run to run (hash-map order
+    # in the Rust trainer, huggingface/tokenizers#1794); everything after it must be.
+    extra = (
+        "data.pairing_block_chars=3000",
+        "data.masking=static",
+        "data.dupe_factor=2",
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+    )
+    one = prep.prepare(_cfg(tmp_path / "one", corpus, *extra, "data.num_proc=1"))
+    four = prep.prepare(_cfg(tmp_path / "four", corpus, *extra, "data.num_proc=4"))
+    stats = json.loads((one / "stats.json").read_text())
+    assert stats["per_split"]["train"]["blocks"] >= 8  # many blocks, spread over the 4 workers
+    a, b = _rows(one), _rows(four)
+    assert a["train"].num_rows > 100
+    for split in a:
+        assert a[split].equals(b[split]), split
+    assert (
+        json.loads((four / "stats.json").read_text())["per_split"]["train"]["examples"] == a["train"].num_rows
+    )
+
+
+def test_static_masking_statistics(tmp_path, corpus):
+    path = prep.prepare(_cfg(tmp_path, corpus, "data.masking=static", "data.dupe_factor=3"))
+    pd = prep.load_prepared(path)
+    m = pd.stats["per_split"]["train"]["masking"]
+    assert m["masked_share_of_candidates"] == pytest.approx(0.15, abs=0.01)
+    assert m["as_mask_token"] == pytest.approx(0.8, abs=0.03)
+    assert m["as_random_token"] == pytest.approx(0.1, abs=0.03)
+    special = set(pd.tokenizer.all_special_ids) - {pd.tokenizer.mask_token_id}
+    for ex in pd.dataset["train"]:
+        labels = np.array(ex["labels"])
+        ids = np.array(ex["input_ids"])
+        assert (labels != -100).sum() >= 1
+        assert not np.isin(labels[labels != -100], list(special)).any()
+        assert np.isin(ids[[0, -1]], [pd.tokenizer.cls_token_id, pd.tokenizer.sep_token_id]).all()
+
+
+def test_cache_reuse_force_and_key(tmp_path, corpus, monkeypatch, capsys):
+    cfg = _cfg(tmp_path, corpus)
+    path = prep.prepare(cfg)
+    stamp = (path / "COMPLETE").read_text()
+
+    def boom(*a, **k):
+        raise AssertionError("rebuilt although a complete cache exists")
+
+    with monkeypatch.context() as m:
+        m.setattr(prep, "_build", boom)
+        assert prep.prepare(cfg) == path
+    assert "reusing" in capsys.readouterr().out
+    other = _cfg(tmp_path, corpus, "data.seed=7")
+    assert other.data.cache_key() != cfg.data.cache_key()
+    assert _cfg(tmp_path, corpus, "data.num_proc=3").data.cache_key() == cfg.data.cache_key()
+    (path / "COMPLETE").write_text("old\n")
+    assert prep.prepare(cfg, force=True) == path
+    assert (path / "COMPLETE").read_text() not in ("old\n", stamp) or stamp != "old\n"
+    assert not list(path.parent.glob(".tmp-*")) and not list(path.parent.glob(".old-*"))
+
+
+def test_crash_leaves_no_cache_and_partial_folder_is_never_used(tmp_path, corpus, monkeypatch):
+    cfg = _cfg(tmp_path, corpus)
+    final = prep.cache_path(cfg.data)
+
+    def crash(*a, **k):
+        raise RuntimeError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(prep, "save_tokenizer", crash)
+        with pytest.raises(RuntimeError, match="disk full"):
+            prep.prepare(cfg)
+    assert not final.exists() and not list(final.parent.glob(".tmp-*"))
+    final.mkdir(parents=True)  # a half-written folder from some other crash
+    (final / "stats.json").write_text("{}")
+    with pytest.raises(DataError, match="incomplete"):
+        prep.load_prepared(final)
+    assert prep.is_complete(prep.prepare(cfg))
+
+
+def test_one_document_corpus_is_reported(tmp_path):
+    corpus = write_corpus(tmp_path / "one.txt", n_docs=1, max_sents=60)
+    path = prep.prepare(_cfg(tmp_path, corpus, "data.validation_fraction=0"))
+    s = json.loads((path / "stats.json").read_text())
+    nsp = s["per_split"]["train"]["nsp"]
+    assert nsp["random_next"] == 0 and nsp["no_other_document"] + nsp["skipped_single_segment"] > 0
+    assert any("single document" in w for w in s["warnings"])
+    assert s["splits"]["validation"] == 0
+
+
+def test_single_sentence_single_document_is_an_error(tmp_path):
+    (tmp_path / "c.txt").write_text("Just one sentence here.\n")
+    with pytest.raises(DataError, match="no training pairs"):
+        prep.prepare(_cfg(tmp_path, tmp_path / "c.txt", "data.validation_fraction=0"))
+
+
+def _cli(tmp_path, *args):
+    """The real CLI in a fresh interpreter (what a user runs)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bert_mp", "prepare", *args, f"data.cache_dir={tmp_path / 'cache'}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+def _main(tmp_path, monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """The CLI entry point in this process (faster than a subprocess; same code path)."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["prepare", *args, f"data.cache_dir={tmp_path / 'cache'}"])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_bad_input_gives_one_line_errors(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9 au lait. Second sentence.\n\nOther doc here. And more.\n")
+    cases = [
+        (["data.source=text", "data.paths=[missing.txt]"], "file not found: missing.txt"),
+        (["data.source=text", "data.paths=[empty.txt]"], "no usable documents"),
+        (["data.source=text", "data.paths=[bad.txt]", "data.encoding_errors=strict"], "invalid UTF-8"),
+        (["data.max_seq_length=600"], "data.max_seq_length: must be between 8 and 512"),
+    ]
+    for args, message in cases:
+        rc, _, err = _main(tmp_path, monkeypatch, capsys, *args)
+        assert rc == 2, (args, err[-2000:])
+        last = err.strip().splitlines()[-1]
+        assert message in last and last.startswith("bert-mp prepare: error:"), err[-2000:]
+        assert "Traceback" not in err
+
+
+def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    write_corpus(hostile / "normal.txt", n_docs=40)
+    (hostile / "empty.txt").write_text("")
+    (hostile / "binary.txt").write_bytes(bytes(range(256)) * 20)
+    (hostile / "latin1.txt").write_bytes(
+        "Caf\xe9 cr\xe8me. Na\xefve text here.\r\n\r\nSecond doc. Yes.".encode("latin-1")
+    )
+    (hostile / "crlf.txt").write_bytes(b"Line one.\r\nLine two.\r\n\r\nDoc two.\rMore.\r\r")
+    (hostile / "rtl_cjk.txt").write_text(
+        "مرحبا بالعالم. هذا نص.\n\n你好世界。这是一个测试。\n\nשלום עולם. עוד משפט."
+    )
+    (hostile / "long_line.txt").write_text(("word " * 400_000).strip())  # 2 MB, one line
+    (hostile / "one_word_docs.txt").write_text("\n\n".join(["Hello"] * 30))
+    r = _cli(
+        tmp_path, "data.source=text", "data.paths=[hostile]", "data.vocab_size=300", "data.max_seq_length=32"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = next((tmp_path / "cache").iterdir())
+    s = json.loads((path / "stats.json").read_text())
+    assert s["documents"]["invalid_utf8_replaced"] > 0
+    assert s["documents"]["files_empty"] and s["documents"]["files"] == 8
+    assert s["splits"]["train"] > 0
+    assert "NSP random share" in r.stdout and "documents:" in r.stdout
+
+
+def test_cli_jsonl_with_missing_text_fields(tmp_path, monkeypatch, capsys):
+    rows = [{"text": "Alpha beta gamma. Delta epsilon zeta. Eta theta iota."}] * 20 + [
+        {"body": "x"},
+        {"text": 3},
+    ]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    args = ("data.source=jsonl", "data.paths=[d.jsonl]", "data.vocab_size=100", "data.max_seq_length=16")
+    rc, out, err = _main(tmp_path, monkeypatch, capsys, *args)
+    assert rc == 0, err[-3000:]
+    assert "records without text" in out and "d.jsonl:21" in out
+    rc, _, err = _main(tmp_path, monkeypatch, capsys, *args, "data.text_column=nope")
+    assert rc == 2 and "without a string 'nope'" in err and "d.jsonl:1" in err
+
+
+def test_pretrained_tokenizer_by_path(tmp_path, prepared, corpus):
+    cfg = _cfg(tmp_path, corpus, f"data.tokenizer={prepared.path / 'tokenizer'}")
+    pd = prep.load_prepared(prep.prepare(cfg))
+    assert pd.stats["tokenizer_size"] == prepared.stats["tokenizer_size"]
+    assert pd.stats["tokenizer"] == str(prepared.path / "tokenizer")
+
+
+def test_cli_config_error_is_one_line(capsys):
+    assert main(["prepare", "data.masking=sometimes"]) == 2
+    assert "data.masking" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""Tokenizer: trained WordPiece round-trips through AutoTokenizer at full size; vocab rounding; loading."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from bert_mp.errors import DataError
+from bert_mp.tokenizer import (
+    SPECIAL_TOKENS,
+    encoder,
+    load_tokenizer,
+    round_vocab_size,
+    save_tokenizer,
+    train_wordpiece,
+)
+
+TEXTS = [
+    f"The {w} module provides {v} functions for Working with {w} objects. Running, runner, runs."
+    for w in ("socket", "email", "json", "pathlib", "asyncio", "decimal", "unicodedata", "collections")
+    for v in ("helper", "utility", "conversion", "parsing")
+] * 5
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return train_wordpiece(iter(TEXTS), vocab_size=300, lowercase=True)
+
+
+def test_round_vocab_size():
+    assert round_vocab_size(30522) == 30528
+    assert round_vocab_size(64) == 64
+    assert round_vocab_size(65) == 128
+    assert round_vocab_size(1) == 64
+
+
+def test_trained_tokenizer_saves_and_reloads_at_full_size(trained, tmp_path):
+    size = len(trained)
+    assert 150 < size <= 300  # the real trained vocabulary, not a 5-token shell
+    assert trained.convert_ids_to_tokens(list(range(5))) == SPECIAL_TOKENS
+    save_tokenizer(trained, tmp_path / "tok")
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert len(loaded) == size
+    assert loaded.get_vocab() == trained.get_vocab()
+    text = "The JSON module provides parsing functions."
+    assert loaded(text)["input_ids"] == trained(text)["input_ids"]
+    enc = loaded("first part", "second part")
+    assert enc["input_ids"][0] == loaded.cls_token_id and enc["input_ids"][-1] == loaded.sep_token_id
+    assert set(enc["token_type_ids"]) == {0, 1}
+    assert loaded.tokenize("Running") == ["running"]  # lowercased
+    assert any(t.startswith("##") for t in loaded.get_vocab())  # real word pieces
+
+
+def test_cased_option_keeps_case():
+    cased = train_wordpiece(iter(TEXTS), vocab_size=300, lowercase=False)
+    assert cased.tokenize("Working")[0].startswith("W")
+
+
+def test_encoder_adds_no_specials_and_never_truncates(trained):
+    trained.backend_tokenizer.enable_truncation(8)
+    enc = encoder(trained)
+    long = " ".join(["json"] * 50)
+    assert len(enc.encode_batch_fast([long], add_special_tokens=False)[0].ids) == 50
+    trained.backend_tokenizer.no_truncation()
+
+
+def test_load_tokenizer_checks(trained, tmp_path):
+    save_tokenizer(trained, tmp_path / "tok")
+    tok = load_tokenizer(str(tmp_path / "tok"), max_seq_length=128)
+    assert len(tok) == len(trained)
+    with pytest.raises(DataError, match="cannot load"):
+        load_tokenizer(str(tmp_path / "missing"))
+    trained.model_max_length = 64
+    save_tokenizer(trained, tmp_path / "short")
+    with pytest.raises(DataError, match="exceeds the tokenizer's model_max_length=64"):
+        load_tokenizer(str(tmp_path / "short"), max_seq_length=128)
