@@ -511,7 +511,7 @@ def train(cfg: Config, data: Any = None) -> dict:
                         attention_flops_tokens=totals[8],
                         sequences=int(s["nsp_count"]),
                         lr=lr,
-                        grad_norm=float(grad_norm),
+                        grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                         step_time_s=now - t_prev,
                         data_wait_s=wait,
                     )
