@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -227,9 +228,20 @@ def _execute(run: PlannedRun, cmd: list[str], run_dir: Path) -> None:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            returncode = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, or SIGTERM turned into SystemExit below): let the run save a
+            # checkpoint and stop, so the next `bert-mp sweep` resumes it instead of starting over.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
     run.wall_s = time.perf_counter() - t0
-    run.returncode = proc.returncode
+    run.returncode = returncode
     summary = _read_summary(run_dir)
     run.status = (summary or {}).get("status", "failed")
     if proc.returncode != 0 or run.status != "completed":
@@ -373,13 +385,21 @@ class Sweep:
                     torch.cuda.empty_cache()
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp sweep CONFIG.yaml [key=value ...]``."""
     from bert_mp import report
 
     cfg, base_path = load_sweep_config(config_path, overrides)
     sweep = Sweep(cfg, base_path, Path(config_path) if config_path else None)
-    sweep.run()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        sweep.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     root = sweep.root
     if not cfg.sweep.report:
         print(f"bert-mp sweep: done -> {root} (report disabled; `bert-mp report {root}` writes it)")
