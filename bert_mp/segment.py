@@ -15,15 +15,16 @@ from collections.abc import Callable
 
 from bert_mp.errors import DataError
 
+# The sentence-final punctuation is captured (not looked behind): ``re.split`` then runs several
+# times faster, and the pieces are re-joined with their punctuation.
 _BOUNDARY = re.compile(
-    r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[]?[A-Z0-9])"  # sentence end, closing quote kept
+    r"([.!?][\"')\]]?)\s+(?=[\"'(\[]?[A-Z0-9])"  # sentence end before a capital, digit or opening quote
     r"|\n[ \t]*\n\s*"  # blank line
 )
 _ABBREVIATIONS = (
     "e.g.", "i.e.", "etc.", "cf.", "vs.", "Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "St.", "No.", "Fig.",
     "approx.", "resp.", "Jr.", "Sr.", "Inc.", "Ltd.", "U.S.",
 )  # fmt: skip
-_WS = re.compile(r"\s+")
 
 Splitter = Callable[[str], list[str]]
 
@@ -32,10 +33,12 @@ def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
     """Cut a piece longer than ``max_chars`` at whitespace (hard cut when there is none)."""
     out = []
     while len(sentence) > max_chars:
-        cut = sentence.rfind(" ", max_chars // 2, max_chars)
+        cut = max(
+            sentence.rfind(" ", max_chars // 2, max_chars), sentence.rfind("\n", max_chars // 2, max_chars)
+        )
         if cut <= 0:
             cut = max_chars
-        out.append(sentence[:cut])
+        out.append(sentence[:cut].rstrip())
         sentence = sentence[cut:].lstrip()
     if sentence:
         out.append(sentence)
@@ -43,32 +46,39 @@ def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
 
 
 def _finish(pieces: list[str], max_chars: int) -> list[str]:
-    """Merge pieces split after an abbreviation, collapse whitespace, cut overlong pieces."""
+    """Merge pieces split after an abbreviation, strip them, drop empty ones, cut overlong ones.
+
+    Inner whitespace is left alone: the tokenizer's pre-tokenizer splits on any of it anyway.
+    """
     out: list[str] = []
     carry = ""
     for p in pieces:
-        p = carry + " " + p if carry else p
+        if carry:
+            p = carry + " " + p
+            carry = ""
         if p.endswith(_ABBREVIATIONS):
             carry = p
             continue
-        carry = ""
-        p = _WS.sub(" ", p).strip()
+        p = p.strip()
         if not p:
             continue
         if len(p) > max_chars:
             out.extend(_cut_overlong(p, max_chars))
         else:
             out.append(p)
+    carry = carry.strip()
     if carry:
-        p = _WS.sub(" ", carry).strip()
-        if p:
-            out.extend(_cut_overlong(p, max_chars) if len(p) > max_chars else [p])
+        out.extend(_cut_overlong(carry, max_chars))
     return out
 
 
 def split_sentences(text: str, max_chars: int = 2048) -> list[str]:
-    """Sentences of ``text`` (rule-based), whitespace-collapsed, none empty, none over ``max_chars``."""
-    return _finish(_BOUNDARY.split(text), max_chars)
+    """Sentences of ``text`` (rule-based), stripped, none empty, none over ``max_chars``."""
+    parts = _BOUNDARY.split(text)
+    # parts = [text, punctuation-or-None, text, punctuation-or-None, ..., text]
+    pieces = [parts[i] + parts[i + 1] if parts[i + 1] else parts[i] for i in range(0, len(parts) - 1, 2)]
+    pieces.append(parts[-1])
+    return _finish(pieces, max_chars)
 
 
 def build_splitter(name: str, max_chars: int = 2048) -> Splitter:

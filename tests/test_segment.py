@@ -20,7 +20,7 @@ def test_splits_on_sentence_ends_and_blank_lines():
         "Third?",
         '"Fourth," he said.',
         "5 is a number.",
-        "New paragraph wrapped line",
+        "New paragraph\nwrapped line",
     ]
 
 

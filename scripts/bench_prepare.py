@@ -1,0 +1,259 @@
+"""Benchmark `bert-mp prepare` against batch-encoding alone, on the same files and cores.
+
+Writes the built-in corpus out as text files (documents separated by blank lines), repeated up to
+``--size``; trains (or reuses) a WordPiece tokenizer once, untimed; then for each ``--num-proc``
+times, each in a fresh subprocess (so peak RSS is per measurement):
+
+  (a) prepare: read, split sentences, tokenize, pair, mask (static only), write - the real
+      ``bert_mp.prepare.prepare`` with ``data.tokenizer`` pointing at the trained tokenizer;
+  (b) tokenize-only: read the same files, split them into the same documents, and
+      ``encode_batch_fast`` them with the same Rust tokenizer in N processes.
+
+Both count tokens of the text (no [CLS]/[SEP]) and run with TOKENIZERS_PARALLELISM=false, so N
+processes use N cores in both. Prints a table and writes JSON (``--out``).
+
+    python scripts/bench_prepare.py --size 50MB --num-proc 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process on both sides
+
+FILE_BYTES = 2_000_000
+
+
+def parse_size(text: str) -> int:
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
+    t = text.strip().upper()
+    for u, m in units.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * m)
+    return int(t)
+
+
+def write_corpus(folder: Path, size: int) -> list[Path]:
+    """The built-in corpus, paragraph breaks folded into line breaks, repeated into ~2 MB files."""
+    from bert_mp.builtin_corpus import builtin_documents
+
+    marker = folder / f"COMPLETE-{size}"
+    if marker.exists():
+        return sorted(folder.glob("part-*.txt"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("part-*.txt"):
+        old.unlink()
+    docs = [d["text"].replace("\n\n", "\n").strip().encode("utf-8") + b"\n\n" for d in builtin_documents()]
+    written, part, buf = 0, 0, []
+    i = 0
+    while written < size:
+        doc = docs[i % len(docs)]
+        buf.append(doc)
+        written += len(doc)
+        i += 1
+        if sum(map(len, buf)) >= FILE_BYTES or written >= size:
+            (folder / f"part-{part:05d}.txt").write_bytes(b"".join(buf))
+            part, buf = part + 1, []
+    marker.write_text("")
+    return sorted(folder.glob("part-*.txt"))
+
+
+def ensure_tokenizer(path: Path, vocab_size: int) -> Path:
+    from bert_mp.builtin_corpus import builtin_documents
+    from bert_mp.tokenizer import save_tokenizer, train_wordpiece
+
+    if not (path / "tokenizer.json").exists():
+        tok = train_wordpiece((d["text"] for d in builtin_documents()), vocab_size)
+        save_tokenizer(tok, path)
+    return path
+
+
+def _peak_rss() -> dict:
+    return {
+        "self_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "largest_child_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+    }
+
+
+_ENCODER = None
+
+
+def _init_worker(tokenizer_path: str) -> None:
+    global _ENCODER
+    from transformers import AutoTokenizer
+
+    from bert_mp.tokenizer import encoder
+
+    _ENCODER = encoder(AutoTokenizer.from_pretrained(tokenizer_path))
+
+
+def _encode_file(path: str) -> int:
+    from bert_mp.corpus import _BLANK_LINE
+
+    text = Path(path).read_text(encoding="utf-8")
+    docs = [d for d in _BLANK_LINE.split(text) if d.strip()]
+    tokens = 0
+    for lo in range(0, len(docs), 256):
+        tokens += sum(
+            len(e.ids) for e in _ENCODER.encode_batch_fast(docs[lo : lo + 256], add_special_tokens=False)
+        )
+    return tokens
+
+
+def _ready(_: int) -> bool:
+    return _ENCODER is not None
+
+
+def child_tokenize(files: list[str], tokenizer: str, num_proc: int) -> dict:
+    with Pool(num_proc, initializer=_init_worker, initargs=(tokenizer,)) as pool:
+        assert all(pool.map(_ready, range(num_proc * 4), chunksize=1))  # workers started: not timed
+        t0 = time.perf_counter()
+        tokens = sum(pool.imap_unordered(_encode_file, files))
+        wall = time.perf_counter() - t0
+    return {"tokens": tokens, "seconds": wall, "tokens_per_sec": tokens / wall, "peak_rss": _peak_rss()}
+
+
+def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: str, extra: list[str]) -> dict:
+    import datasets  # noqa: F401  (library imports are not the pipeline's work: not timed)
+    import transformers  # noqa: F401
+
+    from bert_mp.config import load_config
+    from bert_mp.prepare import prepare
+
+    cfg = load_config(
+        None,
+        [
+            "data.source=text",
+            f"data.paths=[{','.join(files)}]",
+            f"data.tokenizer={tokenizer}",
+            f"data.num_proc={num_proc}",
+            f"data.cache_dir={cache_dir}",
+            *extra,
+        ],
+    )
+    t0 = time.perf_counter()
+    path = prepare(cfg, force=True)
+    wall = time.perf_counter() - t0
+    stats = json.loads((path / "stats.json").read_text())
+    return {
+        "tokens": stats["tokens"],
+        "seconds": wall,
+        "tokens_per_sec": stats["tokens"] / wall,
+        "examples": stats["splits"],
+        "stage_seconds": stats["seconds"],
+        "block_cpu_seconds": stats["per_split"]["train"]["cpu_seconds"],
+        "peak_rss": _peak_rss(),
+    }
+
+
+def run_child(kind: str, args: argparse.Namespace, files: list[Path], tokenizer: Path, num_proc: int) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        kind,
+        "--child-num-proc",
+        str(num_proc),
+        "--child-files",
+        json.dumps([str(f) for f in files]),
+        "--child-tokenizer",
+        str(tokenizer),
+        "--workdir",
+        str(args.workdir),
+        *(["--extra", *args.extra] if args.extra else []),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{kind} (num_proc={num_proc}) failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="50MB", help="corpus size, e.g. 50MB or 5GB")
+    p.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--workdir", type=Path, default=Path("runs/bench/prepare_work"))
+    p.add_argument("--out", type=Path, default=Path("runs/bench/prepare.json"))
+    p.add_argument("--extra", nargs="*", default=[], help="extra data.* overrides for prepare")
+    p.add_argument("--child", choices=["prepare", "tokenize"], help=argparse.SUPPRESS)
+    p.add_argument("--child-num-proc", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--child-files", help=argparse.SUPPRESS)
+    p.add_argument("--child-tokenizer", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.child:
+        files = json.loads(args.child_files)
+        if args.child == "tokenize":
+            res = child_tokenize(files, args.child_tokenizer, args.child_num_proc)
+        else:
+            cache = str(args.workdir / "cache")
+            res = child_prepare(files, args.child_tokenizer, args.child_num_proc, cache, args.extra)
+        print(json.dumps(res))
+        return
+
+    size = parse_size(args.size)
+    files = write_corpus(args.workdir / "corpus", size)
+    corpus_bytes = sum(f.stat().st_size for f in files)
+    tokenizer = ensure_tokenizer(args.workdir / "tokenizer", args.vocab_size)
+    print(f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; tokenizer: {tokenizer}", flush=True)
+
+    rows = []
+    for n in args.num_proc:
+        tok = run_child("tokenize", args, files, tokenizer, n)
+        prep = run_child("prepare", args, files, tokenizer, n)
+        ratio = prep["tokens_per_sec"] / tok["tokens_per_sec"]
+        rows.append({"num_proc": n, "tokenize_only": tok, "prepare": prep, "ratio": ratio})
+        print(
+            f"num_proc={n}: tokenize-only {tok['tokens_per_sec']:,.0f} tok/s, "
+            f"prepare {prep['tokens_per_sec']:,.0f} tok/s, ratio {ratio:.2f}",
+            flush=True,
+        )
+
+    print()
+    print(
+        f"{'num_proc':>8} {'tokenize tok/s':>15} {'prepare tok/s':>14} {'ratio':>6} {'prep s':>7} {'peak RSS MB':>12}"
+    )
+    for r in rows:
+        rss = max(r["prepare"]["peak_rss"].values()) / 1e6
+        print(
+            f"{r['num_proc']:>8} {r['tokenize_only']['tokens_per_sec']:>15,.0f} "
+            f"{r['prepare']['tokens_per_sec']:>14,.0f} {r['ratio']:>6.2f} {r['prepare']['seconds']:>7.1f} {rss:>12.0f}"
+        )
+    import datasets
+    import tokenizers
+    import transformers
+
+    result = {
+        "corpus_bytes": corpus_bytes,
+        "files": len(files),
+        "extra_overrides": args.extra,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "load_average_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "tokenizers": tokenizers.__version__,
+            "datasets": datasets.__version__,
+            "transformers": transformers.__version__,
+        },
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "results": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
