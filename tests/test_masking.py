@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import BertTokenizerFast
 
@@ -229,3 +231,29 @@ def test_collator_dynamic_requires_index_and_epoch(tok):
     collate = PretrainingCollator(tok, DataConfig(), seed=5)
     with pytest.raises(ValueError, match="index"):
         collate(_features(np.random.default_rng(7), 2))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    body=st.lists(
+        st.integers(min_value=0, max_value=len(SPECIALS) + len(UNUSED) + len(WORDS) + len(PIECES) - 1)
+    ),
+    whole_word=st.booleans(),
+    max_predictions=st.integers(min_value=1, max_value=40),
+    seed=st.integers(min_value=0, max_value=2**63),
+)
+def test_properties_on_arbitrary_sequences(tok, body, whole_word, max_predictions, seed):
+    """Any ids (specials anywhere, ## first, empty): specials untouched, count bounded, >= 1 if possible."""
+    spec = _spec(tok, whole_word_masking=whole_word, max_predictions_per_seq=max_predictions)
+    ids = np.array([2, *body, 3], dtype=np.int64)
+    masked, labels = mask_example(ids, spec, seed=seed, epoch=0, index=0)
+    sel = labels != -100
+    n = int((~spec.special[ids]).sum())
+    assert not sel[spec.special[ids]].any()
+    assert (masked[~sel] == ids[~sel]).all() and (labels[sel] == ids[sel]).all()
+    if n == 0:
+        assert not sel.any()
+    elif whole_word:
+        assert sel.sum() >= 1
+    else:
+        assert sel.sum() == num_to_mask(n, 0.15, max_predictions)

@@ -7,6 +7,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bert_mp.pairs import NspBalance, build_examples, pairs_from_token_lists, truncation_amounts
 
@@ -150,3 +152,25 @@ def test_balance_prior_starts_at_target():
     for label in [0] * 10:
         b.record(forced=False, label=label)
     assert b.free_random_prob() == 1.0  # a run of continuations is paid back
+
+
+_sentences = st.lists(st.integers(min_value=10, max_value=60), max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    docs=st.lists(st.lists(_sentences, max_size=12), max_size=8),
+    max_seq_length=st.integers(min_value=8, max_value=64),
+    short=st.sampled_from([0.0, 0.1, 1.0]),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_properties_on_arbitrary_documents(docs, max_seq_length, short, seed):
+    """Empty and one-token sentences, empty and huge documents: invariants hold, nothing raises."""
+    examples, stats = pairs_from_token_lists(docs, max_seq_length, random.Random(seed), short_seq_prob=short)
+    assert stats.pairs == len(examples)
+    for ex in examples:
+        ids, tt = ex["input_ids"], ex["token_type_ids"]
+        assert 5 <= len(ids) <= max_seq_length and ids[0] == CLS and ids[-1] == SEP and ids.count(SEP) == 2
+        k = ids.index(SEP)
+        assert k >= 2 and tt == [0] * (k + 1) + [1] * (len(ids) - k - 1)
+        assert set(ids[1:k]) | set(ids[k + 1 : -1]) <= {t for d in docs for s in d for t in s}
