@@ -23,10 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from bert_mp.config import load_config
-from bert_mp.finetune import run_finetune
+import torch
+
+from bert_mp.config import FinetuneConfig, load_config
+from bert_mp.finetune import classification_metrics, load_tokenizer, resolve_checkpoint, run_finetune
 from bert_mp.io import atomic_write_json, atomic_write_text
 from bert_mp.precision import device_name, library_versions
+from bert_mp.tasks import build_label_space, encode_labels, load_task
 
 ROOT = Path(__file__).resolve().parent.parent
 INITS = ("pretrained", "random")
@@ -94,6 +97,12 @@ def markdown(result: dict) -> str:
             f"| **{init} (mean)** | | | {m['val_macro_f1']:.3f} | {m['test_accuracy']:.3f} | "
             f"{m['test_macro_f1']:.3f} ± {m['test_macro_f1_sd']:.3f} | {m['test_mcc']:.3f} | |"
         )
+    b = result["bag_of_wordpieces"]
+    rows.append(
+        f"| bag-of-wordpieces + logistic regression | | {b['validation']['accuracy']:.3f} | "
+        f"{b['validation']['macro_f1']:.3f} | {b['test']['accuracy']:.3f} | {b['test']['macro_f1']:.3f} | "
+        f"{b['test']['mcc']:.3f} | |"
+    )
     p = result["pretraining"]
     lines = [
         f"Task: `{result['task']}` ({result['num_labels']} classes; train/validation/test = "
@@ -105,12 +114,57 @@ def markdown(result: dict) -> str:
         f"Pretraining: {p.get('steps')} steps of `{(p.get('model') or {}).get('preset', '?')}` in "
         f"{(p.get('elapsed_s') or 0) / 60:.1f} min (train loop), final eval "
         f"{json.dumps(p.get('final_eval'))}.",
+        f"Majority class test accuracy: {b['majority_class_test_accuracy']:.3f}.",
         f"Margin (test macro-F1, pretrained - random): {result['margin_test_macro_f1']:+.3f}; "
         f"verdict: **{result['verdict']}**.",
         f"Machine: {result['machine']['device']} ({result['machine']['cpus']} CPUs, shared with other jobs), "
         f"{result['date']}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def bow_baseline(ft: FinetuneConfig, tokenizer_ref: str, seed: int) -> dict:
+    """Surface-feature reference: logistic regression on bag-of-wordpieces of the same truncated input.
+
+    Tells whether the task is solvable from which words occur, without any word order or context.
+    """
+    task = load_task(ft)
+    tokenizer = load_tokenizer(tokenizer_ref)
+    space = build_label_space(task.splits["train"]["label"], task.stats.get("label_names"))
+
+    def features(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        ds = task.splits[split]
+        enc = tokenizer(
+            list(ds["text"]), truncation=True, max_length=ft.max_seq_length, add_special_tokens=True
+        )
+        x = torch.zeros(len(ds), len(tokenizer))
+        for i, ids in enumerate(enc["input_ids"]):
+            x[i].index_add_(0, torch.tensor(ids), torch.ones(len(ids)))
+        ids, _ = encode_labels(list(ds["label"]), space, split)
+        return torch.log1p(x), torch.tensor(ids)
+
+    (xtr, ytr), (xva, yva), (xte, yte) = features("train"), features("validation"), features("test")
+    torch.manual_seed(seed)
+    best: dict = {"val": None}
+    for weight_decay in (1e-4, 1e-3, 1e-2):
+        layer = torch.nn.Linear(xtr.shape[1], space.size)
+        opt = torch.optim.AdamW(layer.parameters(), lr=0.05, weight_decay=weight_decay)
+        for _ in range(200):  # full-batch: a convex problem, 200 Adam steps converge
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(layer(xtr), ytr).backward()
+            opt.step()
+        with torch.no_grad():
+            val = classification_metrics(yva.tolist(), layer(xva).argmax(-1).tolist())
+            if best["val"] is None or val["macro_f1"] > best["val"]["macro_f1"]:
+                test = classification_metrics(yte.tolist(), layer(xte).argmax(-1).tolist())
+                best = {"val": val, "test": test, "weight_decay": weight_decay}
+    majority = max(set(ytr.tolist()), key=ytr.tolist().count)
+    return {
+        "validation": {k: best["val"][k] for k in ("accuracy", "macro_f1", "mcc")},
+        "test": {k: best["test"][k] for k in ("accuracy", "macro_f1", "mcc")},
+        "weight_decay": best["weight_decay"],
+        "majority_class_test_accuracy": float((yte == majority).float().mean()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             "test_macro_f1_sd": _spread([r["test"]["macro_f1"] for r in mine]),
             "test_mcc": _mean([r["test"]["mcc"] for r in mine]),
         }
+    ft_cfg = load_config(args.finetune_config, args.finetune_override).finetune
+    print("+ bag-of-wordpieces baseline", flush=True)
+    bow = bow_baseline(ft_cfg, resolve_checkpoint(str(run_dir)), args.seeds[0])
     margin = mean["pretrained"]["test_macro_f1"] - mean["random"]["test_macro_f1"]
     noise = max(mean["pretrained"]["test_macro_f1_sd"], mean["random"]["test_macro_f1_sd"])
     # "Clear": at least 5 macro-F1 points and well outside the seed-to-seed spread.
@@ -181,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "pretrained ahead, but not by a clear margin"
     else:
         verdict = "pretraining did not help"
-    ft_cfg = load_config(args.finetune_config, args.finetune_override).finetune
     last = json.loads((out / f"random_seed{args.seeds[-1]}" / "summary.json").read_text(encoding="utf-8"))
     result = {
         "task": ft_cfg.task,
@@ -197,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "pretraining": pretraining,
         "runs": runs,
         "mean": mean,
+        "bag_of_wordpieces": bow,
         "margin_test_macro_f1": margin,
         "verdict": verdict,
         "machine": {
