@@ -61,6 +61,8 @@ def verify(folder: Path) -> str | None:
         expected = json.loads(marker.read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "unreadable COMPLETE marker"
+    if not isinstance(expected, dict):  # valid JSON of another shape must not crash the scan
+        return "unreadable COMPLETE marker"
     actual = _manifest(folder)
     for name, size in expected.items():
         if name not in actual:
@@ -102,25 +104,42 @@ def resolve_resume(resume: str, ckpt_dir: Path) -> Path | None:
 
 
 def save_checkpoint(accelerator: Any, ckpt_dir: Path, step: int, loop_state: dict, total_limit: int) -> Path:
-    """Save atomically on every rank (collective); returns the final folder."""
+    """Save atomically on every rank (collective); returns the final folder.
+
+    A failing write (disk full, permissions) removes the partial folder and raises
+    :class:`TrainingError`; the complete checkpoints already on disk are left untouched.
+    """
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / checkpoint_name(step)
     tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        atomic_write_json(tmp / LOOP_STATE, loop_state)
-        write_marker(tmp)
-        _fsync_dir(tmp)
-        if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(ckpt_dir)
-        rotate(ckpt_dir, total_limit)
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            atomic_write_json(tmp / LOOP_STATE, loop_state)
+            write_marker(tmp)
+            _fsync_dir(tmp)
+            if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(ckpt_dir)
+            rotate(ckpt_dir, total_limit)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint only holds space
+        previous = next((p for p in reversed(list_checkpoints(ckpt_dir)) if verify(p) is None), None)
+        kept = (
+            f"the previous checkpoint {previous.name} is intact"
+            if previous
+            else "no earlier checkpoint exists"
+        )
+        raise TrainingError(
+            f"could not write checkpoint {final.name} in {ckpt_dir}: {e}; {kept}. Free disk space and rerun "
+            "with train.resume=latest."
+        ) from e
     accelerator.wait_for_everyone()
     return final
 

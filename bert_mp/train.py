@@ -154,6 +154,10 @@ def stop_on_signals(state: LoopState) -> Iterator[None]:
 # --------------------------------------------------------------------------------------------------
 # evaluation
 # --------------------------------------------------------------------------------------------------
+# fp16: gradients that overflow even unscaled (scale < 1) mean divergence, not a too-high scale; below
+# this the scaler only shrinks the gradients into fp16 underflow and the run silently stops learning.
+MIN_LOSS_SCALE = 1.0
+
 _SUM_KEYS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count")
 
 
@@ -489,12 +493,18 @@ def train(cfg: Config, data: Any = None) -> dict:
                 if skipped:
                     state.skipped_steps += 1
                     state.consecutive_skips += 1
-                    if state.consecutive_skips >= tc.max_consecutive_skipped_steps:
+                    collapsed = scaler.get_scale() < MIN_LOSS_SCALE
+                    if state.consecutive_skips >= tc.max_consecutive_skipped_steps or collapsed:
                         path = save()
+                        why = (
+                            f"{state.consecutive_skips} optimizer steps in a row overflowed"
+                            if not collapsed
+                            else f"the loss scale collapsed below {MIN_LOSS_SCALE:g} after "
+                            f"{state.skipped_steps} overflowed steps"
+                        )
                         raise TrainingError(
-                            f"fp16: {state.consecutive_skips} optimizer steps in a row overflowed (loss scale "
-                            f"{scaler.get_scale():g}); checkpoint saved to {path}. Try train.precision=bf16, a "
-                            "lower learning rate, or a smaller train.fp16_init_scale."
+                            f"fp16: {why} (loss scale {scaler.get_scale():g}); checkpoint saved to {path}. Try "
+                            "train.precision=bf16, a lower learning rate, or a smaller train.fp16_init_scale."
                         )
                     if not state.stop_reason:
                         continue
