@@ -331,10 +331,15 @@ def run_drill(workdir: Path, spec: DrillSpec, prepared: Path | None = None) -> d
             resume_from = rec.resume_step
             if resume_from >= spec.max_steps - 1:
                 break
+        problems = []
         if not (out / "final").is_dir():
+            expected = newest_complete_step(out / "checkpoints")
             runner.run(resume, log)
             launches += 1
-        problems = compare(reference, out)
+            got = json.loads((out / "summary.json").read_text())["resumed_from"] or "fresh start"
+            if expected and not got.endswith(ckpt.checkpoint_name(expected)):
+                problems.append(f"resumed from {got}, not the newest complete step {expected}")
+        problems += compare(reference, out)
         trials.append({"trial": trial, "launches": launches, "problems": problems})
     return summarize(spec, kills, trials, reference_s)
 
