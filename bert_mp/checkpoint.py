@@ -9,7 +9,9 @@ truncated write), is never loaded: :func:`find_latest` skips it with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -142,6 +144,22 @@ def save_checkpoint(accelerator: Any, ckpt_dir: Path, step: int, loop_state: dic
         ) from e
     accelerator.wait_for_everyone()
     return final
+
+
+@contextlib.contextmanager
+def _quiet_tied_weights():
+    """Silence Accelerate's per-save notice that the tied MLM decoder weight was de-duplicated.
+
+    The decoder shares the word-embedding matrix; safetensors stores it once and loading re-ties it
+    (the exact-resume test covers this), so the notice is noise on every checkpoint.
+    """
+    log = logging.getLogger("accelerate.utils.other")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def rotate(ckpt_dir: Path, total_limit: int) -> None:

@@ -580,12 +580,11 @@ def command(config_path: str | None, overrides: list[str]) -> int:
     cfg = load_config(config_path, overrides)
     summary = train(cfg)
     ev = summary["final_eval"]
-    result = (
-        f"final eval MLM loss {ev['eval/loss_mlm']:.4f}, MLM accuracy {ev['eval/accuracy_mlm']:.3f}"
-        if ev
-        else (f"stopped ({summary['stop_reason']}), checkpoint saved")
-    )
+    if ev:
+        result = f"final eval MLM loss {ev['eval/loss_mlm']:.4f}, MLM accuracy {ev['eval/accuracy_mlm']:.3f}"
+    else:
+        result = f"{summary['stop_reason']}; checkpoint saved"
     print(
-        f"bert-mp train: {summary['status']} after {summary['steps']} steps; {result} -> {cfg.train.output_dir}"
+        f"bert-mp train: {summary['status']} after {summary['steps']} steps ({result}) -> {cfg.train.output_dir}"
     )
     return 0

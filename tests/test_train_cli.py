@@ -44,7 +44,7 @@ def test_cli_train_prepares_trains_and_exports(tmp_path):
     ]
     proc = _cli("train", *overrides, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "bert-mp train: completed after 4 steps" in proc.stdout
+    assert "bert-mp train: completed after 4 steps (final eval MLM loss" in proc.stdout
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["batch"]["accumulation"] == 2
