@@ -162,12 +162,19 @@ class ModelConfig:
     preset: str = "tiny"
     """tiny (2x128) | mini (4x256) | small (4x512) | medium (8x512) | base (12x768) | large (24x1024)."""
     hidden_size: Optional[int] = None
+    """Override the preset's hidden width (must be divisible by the number of heads)."""
     num_hidden_layers: Optional[int] = None
+    """Override the preset's number of encoder layers."""
     num_attention_heads: Optional[int] = None
+    """Override the preset's attention heads per layer."""
     intermediate_size: Optional[int] = None
+    """Override the preset's feed-forward width."""
     max_position_embeddings: int = 512
+    """Size of the position table; data.max_seq_length must not exceed it."""
     hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and sub-layer outputs (BERT: 0.1)."""
     attention_probs_dropout_prob: float = 0.1
+    """Dropout on attention probabilities (BERT: 0.1)."""
     vocab_size: Optional[int] = None
     """None: the prepared tokenizer's size rounded up to a multiple of 64."""
     init_from: Optional[str] = None
@@ -215,13 +222,19 @@ class TrainConfig:
     micro_batch_size: int = 32
     """Sequences per forward pass per rank; accumulation = global / (micro * ranks)."""
     learning_rate: float = 1e-3
+    """Peak learning rate (reached after warmup)."""
     weight_decay: float = 0.01
+    """AdamW weight decay; biases and LayerNorm weights get none."""
     adam_beta1: float = 0.9
+    """AdamW first-moment decay."""
     adam_beta2: float = 0.999
+    """AdamW second-moment decay."""
     adam_epsilon: float = 1e-6
+    """AdamW epsilon (BERT: 1e-6)."""
     fused_adamw: bool = True
     """Use fused AdamW where torch supports it on the device."""
     warmup_steps: int = 0
+    """Linear warmup from 1/warmup_steps of the peak learning rate."""
     lr_schedule: str = "linear"
     """linear | polynomial | constant (after warmup)."""
     lr_power: float = 1.0
@@ -229,7 +242,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping (0 disables); applied to unscaled gradients."""
     fp16_init_scale: float = 65536.0
+    """fp16: initial dynamic loss scale."""
     fp16_growth_interval: int = 2000
+    """fp16: overflow-free steps before the loss scale doubles."""
     max_consecutive_skipped_steps: int = 20
     """fp16: stop (after saving) when this many optimizer steps in a row overflow."""
     log_every: int = 10
