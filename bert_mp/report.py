@@ -158,6 +158,12 @@ def _pct(x: Any) -> str:
     return _fmt(x * 100 if isinstance(x, (int, float)) else None, ".2f") + ("%" if x is not None else "")
 
 
+def _cost(entry: dict[str, Any]) -> str:
+    if entry.get("wall_s") is None:
+        return "-"
+    return f"{entry['wall_s']:.0f} / {_fmt(entry.get('cpu_s'), '.0f')}"
+
+
 def _bytes(x: Any) -> str:
     if x is None:
         return "-"
@@ -502,12 +508,21 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
         ]
         ref = group.by_role("reference")
         ladder = diagnostics.speed_ladder(with_summary, reference=ref.name if ref else "fp32")
+        entries = {r.name: r.entry for r in group.runs}
         sections.append(
             (
                 f"Speed ladder{label}",
                 [
                     Table(
-                        ["run", "precision", "step ms", "tokens/s", "speed-up vs fp32", "MFU"],
+                        [
+                            "run",
+                            "precision",
+                            "step ms",
+                            "tokens/s",
+                            "speed-up vs fp32",
+                            "MFU",
+                            "wall s / CPU s",
+                        ],
                         [
                             [
                                 r["name"],
@@ -516,13 +531,16 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
                                 _fmt(r["tokens_per_sec"], ".0f"),
                                 _fmt(r["speedup_vs_fp32"], ".2f") + ("x" if r["speedup_vs_fp32"] else ""),
                                 _pct(r["mfu"]) if r["mfu"] is not None else "n/a",
+                                _cost(entries.get(r["name"], {})),
                             ]
                             for r in ladder
                         ],
                     ),
                     "Mean over the steps after the throughput monitor's warm-up; ratios compare runs of the "
                     "same sweep on the same machine. MFU is n/a where the device's peak FLOP/s for the "
-                    "precision is unknown (e.g. CPUs).",
+                    "precision is unknown (e.g. CPUs). The last column is the whole run process (start-up, "
+                    "evaluation, checkpoints included): wall time and the CPU seconds it used, which stay "
+                    "meaningful when other work shares the machine.",
                 ],
             )
         )

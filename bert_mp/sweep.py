@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -112,6 +113,7 @@ class PlannedRun:
     reason: str | None = None
     returncode: int | None = None
     wall_s: float | None = None
+    cpu_s: float | None = None
     resumed: bool = False
 
 
@@ -225,6 +227,8 @@ def _execute(run: PlannedRun, cmd: list[str], run_dir: Path) -> None:
     log_path = run_dir / "launch.log"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = before.ru_utime + before.ru_stime
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
@@ -241,6 +245,9 @@ def _execute(run: PlannedRun, cmd: list[str], run_dir: Path) -> None:
                 proc.kill()
             raise
     run.wall_s = time.perf_counter() - t0
+    # CPU seconds of the run's processes: on a shared machine a steadier cost figure than wall time
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run.cpu_s = (after.ru_utime + after.ru_stime) - cpu0
     run.returncode = returncode
     summary = _read_summary(run_dir)
     run.status = (summary or {}).get("status", "failed")
@@ -332,7 +339,10 @@ class Sweep:
                 print(f"bert-mp sweep: {label}: {'resuming' if r.resumed else 'training'} ...", flush=True)
                 _execute(r, cmd, run_dir)
                 tail = f" ({r.reason})" if r.reason else ""
-                print(f"bert-mp sweep: {label}: {r.status} in {r.wall_s:.0f}s{tail}", flush=True)
+                print(
+                    f"bert-mp sweep: {label}: {r.status} in {r.wall_s:.0f}s ({r.cpu_s:.0f} CPU s){tail}",
+                    flush=True,
+                )
                 self.write_manifest()
         if self.cfg.sweep.profile_steps > 0:
             self._diagnostics(configs, available, device)
