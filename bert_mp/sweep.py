@@ -216,6 +216,15 @@ def _read_summary(run_dir: Path) -> dict | None:
         return None
 
 
+def run_action(run_dir: Path) -> str:
+    """``keep`` a finished run, ``resume`` an interrupted one (from its latest checkpoint, or from
+    scratch when it saved none), or start it ``fresh``."""
+    prev = _read_summary(run_dir)
+    if prev is not None and prev.get("status") in FINAL_STATUSES:
+        return "keep"
+    return "resume" if run_dir.exists() else "fresh"
+
+
 def _last_error(log_path: Path) -> str:
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if log_path.is_file() else []
     errors = [ln for ln in lines if "error:" in ln.lower() or "Error" in ln]
@@ -324,16 +333,14 @@ class Sweep:
                     self.write_manifest()
                     continue
                 run_dir = self.root / r.dir
-                prev = _read_summary(run_dir)
-                if prev is not None and prev.get("status") in FINAL_STATUSES:
-                    r.status = prev["status"]
-                    r.reason = prev.get("error")
+                action = run_action(run_dir)
+                if action == "keep":
+                    prev = _read_summary(run_dir) or {}
+                    r.status, r.reason = prev["status"], prev.get("error")
                     print(f"bert-mp sweep: {label}: {r.status} earlier, kept", flush=True)
                     continue
-                extra = []
-                if run_dir.exists():
-                    # interrupted earlier: continue from its newest complete checkpoint (or from scratch)
-                    extra, r.resumed = ["train.resume=latest"], True
+                r.resumed = action == "resume"
+                extra = ["train.resume=latest"] if r.resumed else []
                 _, ovs = configs[(g.name, r.name)]
                 cmd = launch_command(self.cfg, base_file, [*ovs, *extra], device.type == "cuda")
                 print(f"bert-mp sweep: {label}: {'resuming' if r.resumed else 'training'} ...", flush=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bert_mp.errors import ConfigError
-from bert_mp.sweep import launch_command, load_sweep_config, plan_sweep
+from bert_mp.sweep import launch_command, load_sweep_config, plan_sweep, run_action
 
 ROOT = Path(__file__).parent.parent
 
@@ -109,6 +109,17 @@ def test_launch_commands(files):
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
     assert "--cpu" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
     assert cmd[-4:] == ["-m", "bert_mp", "train", "b.yaml"]
+
+
+def test_resume_decisions(tmp_path):
+    run = tmp_path / "fp32"
+    assert run_action(run) == "fresh"
+    run.mkdir()
+    (run / "launch.log").write_text("killed before any summary")
+    assert run_action(run) == "resume"
+    for status, action in (("stopped", "resume"), ("completed", "keep"), ("failed", "keep")):
+        (run / "summary.json").write_text(f'{{"status": "{status}"}}')
+        assert run_action(run) == action, status
 
 
 @pytest.mark.parametrize("name", ["quickstart_sweep.yaml", "sweep_cpu.yaml", "sweep_gpu_base.yaml"])
