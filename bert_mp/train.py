@@ -237,6 +237,13 @@ def _flat_scalars(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _keep_on_resume(row: dict, resumed_step: int, tc: Any) -> bool:
+    """metrics.jsonl rows a resumed run keeps: those up to its step, except a final evaluation, which
+    a resume from the last checkpoint runs (and logs) again."""
+    final_eval = row.get("kind") == "eval" and row.get("step") == tc.max_steps
+    return row.get("step", 0) <= resumed_step and not final_eval
+
+
 def _clean(logs: dict) -> dict:
     return {k: finite_or_none(v) for k, v in logs.items()}
 
@@ -350,7 +357,11 @@ def train(cfg: Config, data: Any = None) -> dict:
     writer = None
     if accelerator.is_main_process:
         metrics_path = out / "metrics.jsonl"
-        kept = [r for r in read_jsonl(metrics_path) if r.get("step", 0) <= state.step] if resumed_from else []
+        kept = (
+            []
+            if not resumed_from
+            else [r for r in read_jsonl(metrics_path) if _keep_on_resume(r, state.step, tc)]
+        )
         writer = JsonlWriter(metrics_path)
         for r in kept:
             writer.write(r)

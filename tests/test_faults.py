@@ -148,17 +148,22 @@ def test_full_fault_drill(tmp_path, prepared):
 # --------------------------------------------------------------------------------------------------
 # corrupt checkpoints on disk
 # --------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, prepared):
+def finished_run_factory(run: Path, prepared: Path) -> tuple[Path, Any]:
     """A 6-step run with complete checkpoints at steps 2, 4 and 6, and its config."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    run = tmp_path_factory.mktemp("finished") / "run"
     cfg = tiny_config(run, max_steps=6, save_every=2, save_total_limit=3)
     train_mod.train(cfg, load_fixture(prepared))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
     return run, cfg
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, prepared):
+    return finished_run_factory(tmp_path_factory.mktemp("finished") / "run", prepared)
 
 
 def _corrupt(folder: Path, case: str) -> str:
@@ -335,7 +340,7 @@ def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, mo
         _needs(precision)
     kw = dict(
         precision=precision,
-        max_steps=8,
+        max_steps=4,
         save_every=3,
         save_total_limit=3,
         export=False,
@@ -358,7 +363,7 @@ def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, mo
     assert ckpt.find_latest(run / "checkpoints").name == "step_00000003"
     # the saved state is the last good one: the weights of the clean run after step 3, bit for bit
     assert _same(_weights(run, 3), _weights(clean, 3))
-    assert not _same(_weights(run, 3), _weights(clean, 6))
+    assert not _same(_weights(run, 3), _weights(clean, 4))
 
 
 def test_loss_scale_collapse_stops_with_a_clear_message(tmp_path, prepared, monkeypatch):
@@ -372,3 +377,29 @@ def test_loss_scale_collapse_stops_with_a_clear_message(tmp_path, prepared, monk
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 3 and summary["skipped_steps"] == 4
     assert ckpt.find_latest(run / "checkpoints").name == "step_00000003"
+
+
+def test_death_after_the_final_checkpoint_resumes_without_a_duplicate_eval(tmp_path, prepared, monkeypatch):
+    """Killed between the last checkpoint and the export: the resume only re-evaluates and exports."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    reference, cfg = finished_run_factory(tmp_path / "reference", prepared)
+    run = tmp_path / "run"
+    cfg = copy.deepcopy(cfg)
+    cfg.train.output_dir = str(run)
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt  # stands in for a SIGKILL: nothing after this point runs
+
+    monkeypatch.setattr(ckpt, "export_pretrained", die)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg, load_fixture(prepared))
+    assert ckpt.find_latest(run / "checkpoints").name == "step_00000006" and not (run / "final").exists()
+    monkeypatch.undo()
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    cfg.train.resume = "latest"
+    summary = train_mod.train(cfg, load_fixture(prepared))
+    assert summary["resumed_from"].endswith("step_00000006") and summary["status"] == "completed"
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval"] == [6]
+    assert drill.compare(reference, run) == []
