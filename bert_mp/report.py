@@ -130,8 +130,15 @@ def group_verdicts(group: Group, rules: parity.VerdictRules) -> dict[str, dict[s
                 "reasons": [f"run is {run.status} with no metrics" + _error_suffix(run)],
             }
         else:
-            v = parity.verdict(run.curves, ref.curves, spread_curves, rules, run_status=run.status)
+            unfinished = run.status in ("stopped", "pending", "running")
+            # an interrupted run is judged on the steps it has: a failure already visible stands,
+            # anything else waits for the sweep to be resumed
+            status = "completed" if unfinished else run.status
+            v = parity.verdict(run.curves, ref.curves, spread_curves, rules, run_status=status)
             d = v.to_dict()
+            if unfinished and d["status"] != "fail":
+                d["status"] = "incomplete"
+                d["reasons"] = [f"run is {run.status}: run `bert-mp sweep` again to resume it"]
             if run.role == "seed_spread":
                 d["status"] = "seed spread"
                 d["reasons"] = ["fp32 with another seed: defines the tolerance"]

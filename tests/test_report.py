@@ -242,6 +242,13 @@ def test_offset_candidate_fails_against_tight_spread(tmp_path):
     assert v["checks"]["train:loss/mlm"]["ratio"] > 5
 
 
+def test_interrupted_run_is_incomplete_not_failed(tmp_path):
+    runs = dict(RUNS)
+    runs["bf16"] = ("bf16", "candidate", 1.0, 0.01, 3, 2500.0, 700, "stopped", {})
+    v = build_report(make_sweep(tmp_path / "sweep", runs=runs))["groups"][0]["verdicts"]["bf16"]
+    assert v["status"] == "incomplete" and "resume" in v["reasons"][0]
+
+
 def test_no_reference_means_no_verdicts(tmp_path):
     runs = {k: v for k, v in RUNS.items() if k != "fp32"}
     root = make_sweep(tmp_path / "sweep", runs=runs)
