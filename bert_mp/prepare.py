@@ -13,6 +13,7 @@ that would be reused.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -308,7 +309,32 @@ def _sum_block_stats(files: list[Path]) -> dict:
     return total
 
 
-def _build(cfg: Config, out: Path) -> dict:
+_TOKENIZER_INPUTS = (
+    "source", "paths", "text_column", "hub_name", "hub_config", "hub_split", "encoding_errors", "max_documents",
+    "validation_fraction", "seed", "vocab_size", "lowercase",
+)  # fmt: skip
+
+
+def tokenizer_cache_path(data: DataConfig) -> Path:
+    """Where a tokenizer trained for this corpus is kept, shared by every data config that trains
+    on the same documents with the same vocabulary settings (WordPiece training itself is not
+    reproducible run to run - huggingface/tokenizers#1794 - so reuse keeps vocabularies equal)."""
+    inputs = {k: getattr(data, k) for k in _TOKENIZER_INPUTS}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(data.cache_dir) / "tokenizers" / key
+
+
+def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    save_tokenizer(tokenizer, tmp)
+    if path.exists():
+        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+        path.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(path)
+
+
+def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     """Build the whole prepared folder at ``out``; returns the stats."""
     from datasets import Dataset, DatasetDict
     from datasets.table import InMemoryTable
@@ -342,7 +368,12 @@ def _build(cfg: Config, out: Path) -> dict:
                     docs.data.table.take(pa.array(train_ids[lo : lo + 1000])).column("text").to_pylist()
                 )
 
-        tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
+        shared = tokenizer_cache_path(data)
+        if (shared / "tokenizer.json").is_file() and not force:
+            tokenizer = load_tokenizer(str(shared), data.max_seq_length)
+        else:
+            tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
+            _publish_tokenizer(tokenizer, shared)
     timings["tokenizer"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -440,7 +471,7 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
     return {
         "source": describe_source(data),
         "cache_key": data.cache_key(),
-        "tokenizer": data.tokenizer or "trained WordPiece",
+        "tokenizer": data.tokenizer or f"trained WordPiece (kept in {tokenizer_cache_path(data)})",
         "tokenizer_size": len(tokenizer),
         "model_vocab_size": round_vocab_size(len(tokenizer)),
         "max_seq_length": data.max_seq_length,
@@ -521,7 +552,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        stats = _build(cfg, tmp)
+        stats = _build(cfg, tmp, force)
         stats["warnings"] = _warnings(stats)
         save_config(data_only(cfg), tmp / "config.yaml")
         atomic_write_json(tmp / "stats.json", stats)

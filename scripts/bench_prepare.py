@@ -10,7 +10,9 @@ times, each in a fresh subprocess (so peak RSS is per measurement):
       ``encode_batch_fast`` them with the same Rust tokenizer in N processes.
 
 Both count tokens of the text (no [CLS]/[SEP]) and run with TOKENIZERS_PARALLELISM=false, so N
-processes use N cores in both. Prints a table and writes JSON (``--out``).
+processes use N cores in both. The ratio is given per wall second and per CPU second (user +
+system of all processes): on a shared, loaded machine the CPU ratio is the steadier of the two.
+Prints a table and writes JSON (``--out``).
 
     python scripts/bench_prepare.py --size 50MB --num-proc 1 2
 """
@@ -96,17 +98,24 @@ def _init_worker(tokenizer_path: str) -> None:
     _ENCODER = encoder(AutoTokenizer.from_pretrained(tokenizer_path))
 
 
-def _encode_file(path: str) -> int:
+def _encode_file(path: str) -> tuple[int, float]:
+    """Tokens of one file and the CPU seconds it took (this worker's process time)."""
     from bert_mp.corpus import _BLANK_LINE
 
+    c0 = time.process_time()
     text = Path(path).read_text(encoding="utf-8")
     docs = [d for d in _BLANK_LINE.split(text) if d.strip()]
     tokens = 0
     for lo in range(0, len(docs), 256):
-        tokens += sum(
-            len(e.ids) for e in _ENCODER.encode_batch_fast(docs[lo : lo + 256], add_special_tokens=False)
-        )
-    return tokens
+        encodings = _ENCODER.encode_batch_fast(docs[lo : lo + 256], add_special_tokens=False)
+        tokens += sum(len(e.ids) for e in encodings)
+    return tokens, time.process_time() - c0
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its reaped children (user + system)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _ready(_: int) -> bool:
@@ -117,9 +126,17 @@ def child_tokenize(files: list[str], tokenizer: str, num_proc: int) -> dict:
     with Pool(num_proc, initializer=_init_worker, initargs=(tokenizer,)) as pool:
         assert all(pool.map(_ready, range(num_proc * 4), chunksize=1))  # workers started: not timed
         t0 = time.perf_counter()
-        tokens = sum(pool.imap_unordered(_encode_file, files))
+        per_file = list(pool.imap_unordered(_encode_file, files))
         wall = time.perf_counter() - t0
-    return {"tokens": tokens, "seconds": wall, "tokens_per_sec": tokens / wall, "peak_rss": _peak_rss()}
+    tokens, cpu = sum(t for t, _ in per_file), sum(c for _, c in per_file)
+    return {
+        "tokens": tokens,
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "tokens_per_sec": tokens / wall,
+        "tokens_per_cpu_sec": tokens / cpu,
+        "peak_rss": _peak_rss(),
+    }
 
 
 def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: str, extra: list[str]) -> dict:
@@ -140,14 +157,16 @@ def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: st
             *extra,
         ],
     )
-    t0 = time.perf_counter()
+    c0, t0 = _cpu_seconds(), time.perf_counter()
     path = prepare(cfg, force=True)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0  # map workers are reaped by now
     stats = json.loads((path / "stats.json").read_text())
     return {
         "tokens": stats["tokens"],
         "seconds": wall,
+        "cpu_seconds": cpu,
         "tokens_per_sec": stats["tokens"] / wall,
+        "tokens_per_cpu_sec": stats["tokens"] / cpu,
         "examples": stats["splits"],
         "stage_seconds": stats["seconds"],
         "block_cpu_seconds": stats["per_split"]["train"]["cpu_seconds"],
@@ -212,23 +231,30 @@ def main() -> None:
         tok = run_child("tokenize", args, files, tokenizer, n)
         prep = run_child("prepare", args, files, tokenizer, n)
         ratio = prep["tokens_per_sec"] / tok["tokens_per_sec"]
-        rows.append({"num_proc": n, "tokenize_only": tok, "prepare": prep, "ratio": ratio})
+        cpu_ratio = prep["tokens_per_cpu_sec"] / tok["tokens_per_cpu_sec"]
+        rows.append(
+            {"num_proc": n, "tokenize_only": tok, "prepare": prep, "ratio": ratio, "cpu_ratio": cpu_ratio}
+        )
         print(
-            f"num_proc={n}: tokenize-only {tok['tokens_per_sec']:,.0f} tok/s, "
-            f"prepare {prep['tokens_per_sec']:,.0f} tok/s, ratio {ratio:.2f}",
+            f"num_proc={n}: tokenize-only {tok['tokens_per_sec']:,.0f} tok/s, prepare {prep['tokens_per_sec']:,.0f} "
+            f"tok/s, ratio {ratio:.2f} (per CPU second: {cpu_ratio:.2f})",
             flush=True,
         )
 
     print()
-    print(
-        f"{'num_proc':>8} {'tokenize tok/s':>15} {'prepare tok/s':>14} {'ratio':>6} {'prep s':>7} {'peak RSS MB':>12}"
-    )
+    head = ("num_proc", "tokenize tok/s", "prepare tok/s", "ratio", "cpu ratio", "prep s", "peak RSS MB")
+    print("  ".join(f"{h:>14}" for h in head))
     for r in rows:
-        rss = max(r["prepare"]["peak_rss"].values()) / 1e6
-        print(
-            f"{r['num_proc']:>8} {r['tokenize_only']['tokens_per_sec']:>15,.0f} "
-            f"{r['prepare']['tokens_per_sec']:>14,.0f} {r['ratio']:>6.2f} {r['prepare']['seconds']:>7.1f} {rss:>12.0f}"
+        cells = (
+            r["num_proc"],
+            f"{r['tokenize_only']['tokens_per_sec']:,.0f}",
+            f"{r['prepare']['tokens_per_sec']:,.0f}",
+            f"{r['ratio']:.2f}",
+            f"{r['cpu_ratio']:.2f}",
+            f"{r['prepare']['seconds']:.1f}",
+            f"{max(r['prepare']['peak_rss'].values()) / 1e6:.0f}",
         )
+        print("  ".join(f"{c:>14}" for c in cells))
     import datasets
     import tokenizers
     import transformers

@@ -312,7 +312,7 @@ def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
         tmp_path, "data.source=text", "data.paths=[hostile]", "data.vocab_size=300", "data.max_seq_length=32"
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    path = next((tmp_path / "cache").iterdir())
+    path = next(p for p in (tmp_path / "cache").iterdir() if (p / "COMPLETE").exists())
     s = json.loads((path / "stats.json").read_text())
     assert s["documents"]["invalid_utf8_replaced"] > 0
     assert s["documents"]["files_empty"] and s["documents"]["files"] == 8
@@ -332,6 +332,17 @@ def test_cli_jsonl_with_missing_text_fields(tmp_path, monkeypatch, capsys):
     assert "records without text" in out and "d.jsonl:21" in out
     rc, _, err = _main(tmp_path, monkeypatch, capsys, *args, "data.text_column=nope")
     assert rc == 2 and "without a string 'nope'" in err and "d.jsonl:1" in err
+
+
+def test_trained_tokenizer_is_shared_by_configs_on_the_same_corpus(tmp_path, corpus):
+    a = prep.load_prepared(prep.prepare(_cfg(tmp_path, corpus)))
+    b = prep.load_prepared(
+        prep.prepare(_cfg(tmp_path, corpus, "data.masking=static", "data.max_seq_length=40"))
+    )
+    assert a.path != b.path
+    assert a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+    c = prep.load_prepared(prep.prepare(_cfg(tmp_path, corpus, "data.vocab_size=150")))
+    assert len(c.tokenizer) < len(a.tokenizer)
 
 
 def test_pretrained_tokenizer_by_path(tmp_path, prepared, corpus):
