@@ -1,7 +1,8 @@
 """Multi-process parity: ``accelerate launch --cpu --num_processes N`` (gloo) vs one process.
 
 Trains the same tiny fp32 run (same global batch, dropout off) with 1, 2 and 4 processes through the
-real CLI (``accelerate launch -m bert_mp train``) and reports, against the single-process run, the
+real CLI (``accelerate launch --config_file configs/accelerate/cpu_multiprocess.yaml --num_processes N
+-m bert_mp train``) and reports, against the single-process run, the
 largest per-step loss difference, the final eval loss difference and the largest final-weight
 difference. One process accumulates ``global / micro`` micro-batches; N processes take a share each
 and all-reduce, so only the floating-point summation order differs: the figures are round-off.
@@ -22,11 +23,13 @@ import time
 from pathlib import Path
 
 import torch
-from fault_drill import DrillSpec, _env, drill_config, prepare_builtin
+from fault_drill import DrillSpec, child_env, drill_config, prepare_builtin
 from safetensors.torch import load_file
 
 from bert_mp.config import save_config
 from bert_mp.io import read_jsonl
+
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu_multiprocess.yaml"
 
 
 def launch(cfg_path: Path, processes: int, log: Path) -> float:
@@ -35,7 +38,9 @@ def launch(cfg_path: Path, processes: int, log: Path) -> float:
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--cpu",
+        # torchrun-style spawning (bert_mp puts every rank on the CPU with gloo when there is no CUDA):
+        # accelerate 1.x `--cpu --num_processes N` starts a single process unless an MPI hostfile is given
+        *(["--config_file", str(ACCELERATE_CONFIG)] if processes > 1 else ["--cpu"]),
         "--num_processes",
         str(processes),
         "--num_machines",
@@ -53,7 +58,7 @@ def launch(cfg_path: Path, processes: int, log: Path) -> float:
     ]
     started = time.perf_counter()
     with open(log, "ab") as f:
-        rc = subprocess.call(cmd, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, env=child_env(), stdout=f, stderr=subprocess.STDOUT)
     if rc != 0:
         raise RuntimeError(f"{processes}-process run failed (exit {rc}); see {log}")
     return time.perf_counter() - started

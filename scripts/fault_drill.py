@@ -125,7 +125,7 @@ def drill_config(out_dir: Path, spec: DrillSpec, data_cache: Path) -> Config:
     return load_config(None, overrides)
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     return {
         **os.environ,
         "TOKENIZERS_PARALLELISM": "false",
@@ -150,7 +150,9 @@ class Runner:
 
     def start(self, cfg_path: Path, log: Path) -> subprocess.Popen:
         with open(log, "ab") as f:
-            return subprocess.Popen(self.command(cfg_path), env=_env(), stdout=f, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                self.command(cfg_path), env=child_env(), stdout=f, stderr=subprocess.STDOUT
+            )
 
     def run(self, cfg_path: Path, log: Path) -> None:
         proc = self.start(cfg_path, log)
@@ -164,7 +166,7 @@ def prepare_builtin(cfg: Config, log: Path) -> None:
     save_config(cfg, cfg_path)
     with open(log, "ab") as f:
         rc = subprocess.call(
-            [sys.executable, "-m", "bert_mp", "prepare", str(cfg_path)], env=_env(), stdout=f, stderr=f
+            [sys.executable, "-m", "bert_mp", "prepare", str(cfg_path)], env=child_env(), stdout=f, stderr=f
         )
     if rc != 0:
         raise RuntimeError(f"bert-mp prepare failed (exit {rc}); see {log}, or pass --prepared DIR")
