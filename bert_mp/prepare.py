@@ -14,7 +14,6 @@ that would be reused.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import random
@@ -35,7 +34,7 @@ from bert_mp.errors import DataError
 from bert_mp.io import atomic_write_json
 from bert_mp.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
 from bert_mp.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
-from bert_mp.segment import build_splitter
+from bert_mp.segment import build_marker, split_marked_tokens
 from bert_mp.tokenizer import encoder, load_tokenizer, round_vocab_size, save_tokenizer, train_wordpiece
 
 SPLITS = ("train", "validation")
@@ -159,7 +158,7 @@ class _BlockPairer:
         self.docs = docs
         self.encoder = encoder(tokenizer)
         self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
-        self.splitter = build_splitter(data.sentence_splitter, max_chars=max(2048, 16 * data.max_seq_length))
+        self.marker = build_marker(data.sentence_splitter, tokenizer.sep_token)
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
         self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
         self.seed, self.dupe_factor = data.seed, data.dupe_factor
@@ -174,29 +173,23 @@ class _BlockPairer:
         st: dict[str, Any] = {"documents": len(doc_ids)}
         t0 = time.perf_counter()
         texts = self.docs.data.table.take(pa.array(doc_ids, pa.int64())).column("text").to_pylist()
-        sentences, per_doc = [], []
-        for text in texts:
-            s = self.splitter(text)
-            sentences.extend(s)
-            per_doc.append(len(s))
+        marked = [self.marker(text) for text in texts]
         t1 = time.perf_counter()
-        ids = [e.ids for e in self.encoder.encode_batch_fast(sentences, add_special_tokens=False)]
+        ids = [e.ids for e in self.encoder.encode_batch_fast(marked, add_special_tokens=False)]
         t2 = time.perf_counter()
-        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum()))
-        del ids
-        # Sentences without tokens (only control characters, say) and documents left empty drop out.
-        doc_of_sent = np.repeat(np.arange(len(per_doc)), per_doc)
-        keep = lens > 0
-        kept_lens, kept_doc = lens[keep], doc_of_sent[keep]
-        sents_per_doc = np.bincount(kept_doc, minlength=len(per_doc))
+        flat, sent_lens, doc_of_sent, empty, cut = split_marked_tokens(
+            ids, self.sep_id, self.params.max_num_tokens
+        )
+        del ids, marked
+        sents_per_doc = np.bincount(doc_of_sent, minlength=len(texts))
         kept_docs = np.flatnonzero(sents_per_doc)
-        sent_bounds = [0, *np.cumsum(kept_lens).tolist()]
+        sent_bounds = [0, *np.cumsum(sent_lens).tolist()]
         doc_sents = [0, *np.cumsum(sents_per_doc[kept_docs]).tolist()]
         st.update(
-            sentences=int(keep.sum()),
-            sentences_without_tokens=int((~keep).sum()),
-            documents_without_tokens=len(per_doc) - len(kept_docs),
+            sentences=len(sent_lens),
+            sentences_without_tokens=empty,
+            sentences_cut_to_max_length=cut,
+            documents_without_tokens=len(texts) - len(kept_docs),
             single_sentence_documents=int((sents_per_doc[kept_docs] == 1).sum()),
             tokens=int(flat.size),
         )
@@ -228,7 +221,12 @@ class _BlockPairer:
                 }
             )
         t4 = time.perf_counter()
-        st["seconds"] = {"split": t1 - t0, "tokenize": t2 - t1, "pair": t3 - t2, "build_and_mask": t4 - t3}
+        st["seconds"] = {
+            "read_and_mark": t1 - t0,
+            "tokenize": t2 - t1,
+            "pair": t3 - t2,
+            "build_and_mask": t4 - t3,
+        }
         atomic_write_json(self.stats_dir / f"{split}_{block:08d}.json", st)
         return table
 

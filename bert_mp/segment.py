@@ -1,32 +1,42 @@
 """Sentence splitting: pure functions from a document's text to its sentences.
 
-The built-in ``rule`` splitter is one regular-expression pass (fast enough never to dominate
-tokenization): a sentence ends at ``.``, ``!`` or ``?`` (optionally followed by a closing quote or
-bracket) before whitespace and an upper-case letter, digit or opening quote, and at every blank
-line. Common abbreviations do not end a sentence. Pieces longer than ``max_chars`` (a table row, a
-line of code, a paragraph without punctuation) are cut at whitespace so one "sentence" never
-swallows a whole document.
+The built-in ``rule`` splitter is one regular-expression pass: a sentence ends at ``.``, ``!`` or
+``?`` (optionally followed by a closing quote or bracket) before whitespace and an upper-case
+letter, digit or opening quote - unless the punctuation ends a common abbreviation - and at every
+blank line.
+
+Two forms of the same boundaries: :func:`split_sentences` returns the sentences (tests, small
+inputs); :func:`build_marker` rewrites a document so that a marker (the tokenizer's ``[SEP]``)
+stands at every boundary. ``prepare`` uses the marked form: one ``encode_batch_fast`` input per
+document instead of one per sentence, and sentence boundaries come back as marker ids in the
+token stream, with no Python list of sentences in between.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 
+import numpy as np
+
 from bert_mp.errors import DataError
 
-# The sentence-final punctuation is captured (not looked behind): ``re.split`` then runs several
-# times faster, and the pieces are re-joined with their punctuation.
-_BOUNDARY = re.compile(
-    r"([.!?][\"')\]]?)\s+(?=[\"'(\[]?[A-Z0-9])"  # sentence end before a capital, digit or opening quote
-    r"|\n[ \t]*\n\s*"  # blank line
-)
 _ABBREVIATIONS = (
     "e.g.", "i.e.", "etc.", "cf.", "vs.", "Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "St.", "No.", "Fig.",
     "approx.", "resp.", "Jr.", "Sr.", "Inc.", "Ltd.", "U.S.",
 )  # fmt: skip
+# The punctuation is captured (not looked behind) so the scan runs several times faster; the
+# abbreviation look-behinds only run where a candidate boundary already matched.
+_BOUNDARY = re.compile(
+    r"([.!?][\"')\]]?)"
+    + "".join(rf"(?<!\b{re.escape(a)})" for a in _ABBREVIATIONS)
+    + r"\s+(?=[\"'(\[]?[A-Z0-9])"  # ... before a capital, digit or opening quote
+    + r"|\n[ \t]*\n\s*"  # blank line
+)
 
 Splitter = Callable[[str], list[str]]
+Marker = Callable[[str], str]
 
 
 def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
@@ -46,29 +56,14 @@ def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
 
 
 def _finish(pieces: list[str], max_chars: int) -> list[str]:
-    """Merge pieces split after an abbreviation, strip them, drop empty ones, cut overlong ones.
-
-    Inner whitespace is left alone: the tokenizer's pre-tokenizer splits on any of it anyway.
-    """
+    """Strip pieces, drop empty ones, cut overlong ones (inner whitespace is left alone)."""
     out: list[str] = []
-    carry = ""
     for p in pieces:
-        if carry:
-            p = carry + " " + p
-            carry = ""
-        if p.endswith(_ABBREVIATIONS):
-            carry = p
-            continue
         p = p.strip()
-        if not p:
-            continue
         if len(p) > max_chars:
             out.extend(_cut_overlong(p, max_chars))
-        else:
+        elif p:
             out.append(p)
-    carry = carry.strip()
-    if carry:
-        out.extend(_cut_overlong(carry, max_chars))
     return out
 
 
@@ -81,10 +76,12 @@ def split_sentences(text: str, max_chars: int = 2048) -> list[str]:
     return _finish(pieces, max_chars)
 
 
-def build_splitter(name: str, max_chars: int = 2048) -> Splitter:
-    """The splitter called ``name`` (``rule``, or ``nltk`` / ``blingfire`` when installed)."""
-    if name == "rule":
-        return lambda text: split_sentences(text, max_chars)
+def mark_sentences(text: str, marker: str) -> str:
+    """``text`` with ``marker`` at every rule boundary (replacing the whitespace there) and at the end."""
+    return _BOUNDARY.sub(lambda m: (m.group(1) or "") + marker, text.strip()) + marker
+
+
+def _optional_splitter(name: str) -> Callable[[str], list[str]]:
     if name == "nltk":
         try:
             import nltk
@@ -96,20 +93,63 @@ def build_splitter(name: str, max_chars: int = 2048) -> Splitter:
             raise DataError(
                 "data.sentence_splitter=nltk needs the punkt model: python -m nltk.downloader punkt_tab"
             ) from None
-        return lambda text: _finish(
-            [s for para in re.split(r"\n[ \t]*\n", text) for s in nltk.sent_tokenize(para)], max_chars
-        )
+        return lambda para: nltk.sent_tokenize(para)
     if name == "blingfire":
         try:
             import blingfire
         except ImportError:
             raise DataError("data.sentence_splitter=blingfire needs `pip install blingfire`") from None
-        return lambda text: _finish(
-            [
-                s
-                for para in re.split(r"\n[ \t]*\n", text)
-                for s in blingfire.text_to_sentences(para).split("\n")
-            ],
-            max_chars,
-        )
+        return lambda para: blingfire.text_to_sentences(para).split("\n")
     raise DataError(f"unknown sentence splitter {name!r} (rule, nltk, blingfire)")
+
+
+def build_splitter(name: str, max_chars: int = 2048) -> Splitter:
+    """The splitter called ``name`` (``rule``, or ``nltk`` / ``blingfire`` when installed)."""
+    if name == "rule":
+        return lambda text: split_sentences(text, max_chars)
+    split = _optional_splitter(name)
+    return lambda text: _finish([s for para in re.split(r"\n[ \t]*\n", text) for s in split(para)], max_chars)
+
+
+def build_marker(name: str, marker: str) -> Marker:
+    """``text -> text`` with ``marker`` after every sentence of the splitter called ``name``."""
+    if name == "rule":
+        return lambda text: mark_sentences(text, marker)
+    split = build_splitter(name, max_chars=1 << 62)
+    return lambda text: "".join(s + marker for s in split(text))
+
+
+def split_marked_tokens(
+    ids: list[list[int]], marker_id: int, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Sentences from the token ids of marked documents (``marker_id`` after every sentence).
+
+    Returns ``(flat, lengths, document, empty, cut)``: all sentence tokens in order without the
+    markers, the length of each sentence and its document's position in ``ids``, the number of
+    sentences without tokens (dropped) and the number cut into pieces of ``max_tokens`` (a
+    sentence longer than a whole example would otherwise lose everything past its first piece).
+    """
+    doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(doc_lens.sum()))
+    is_marker = flat == marker_id
+    doc_ends = np.cumsum(doc_lens)
+    if not is_marker[doc_ends[doc_lens > 0] - 1].all():
+        raise DataError(
+            "the tokenizer does not keep its [SEP] token when it appears in text; bert_mp needs that"
+        )
+    marker_pos = np.flatnonzero(is_marker)
+    starts = np.zeros_like(marker_pos)
+    starts[1:] = marker_pos[:-1] + 1
+    lengths = marker_pos - starts
+    document = np.searchsorted(doc_ends, marker_pos, side="right")
+    pieces = (lengths + max_tokens - 1) // max_tokens  # 0 for an empty sentence
+    piece_len = np.full(int(pieces.sum()), max_tokens, dtype=np.int64)
+    has = pieces > 0
+    piece_len[np.cumsum(pieces[has]) - 1] = lengths[has] - (pieces[has] - 1) * max_tokens
+    return (
+        flat[~is_marker],
+        piece_len,
+        np.repeat(document, pieces),
+        int((~has).sum()),
+        int((pieces > 1).sum()),
+    )

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bert_mp.errors import DataError
-from bert_mp.segment import build_splitter, split_sentences
+from bert_mp.segment import build_splitter, mark_sentences, split_marked_tokens, split_sentences
 
 
 def test_splits_on_sentence_ends_and_blank_lines():
@@ -65,3 +65,23 @@ def test_properties_on_arbitrary_unicode(text, max_chars):
     assert all(s and s == s.strip() and len(s) <= max_chars for s in out)
     # nothing but whitespace is lost, and order is kept
     assert "".join("".join(out).split()) == "".join(text.split())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=2000))
+def test_marked_form_has_the_same_boundaries(text):
+    marked = mark_sentences(text, "\x00")
+    assert marked.endswith("\x00")
+    assert [s.strip() for s in marked.split("\x00") if s.strip()] == split_sentences(text, max_chars=1 << 30)
+
+
+def test_split_marked_tokens():
+    m = 3
+    ids = [[10, 11, m, 12, m], [m], [13, 14, 15, 16, 17, m, m, 18, m]]
+    flat, lengths, document, empty, cut = split_marked_tokens(ids, m, max_tokens=2)
+    assert flat.tolist() == [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    assert lengths.tolist() == [2, 1, 2, 2, 1, 1]  # 13..17 cut into 2 + 2 + 1
+    assert document.tolist() == [0, 0, 2, 2, 2, 2]
+    assert (empty, cut) == (2, 1)
+    with pytest.raises(DataError, match="does not keep its"):
+        split_marked_tokens([[10, 11]], m, 4)
