@@ -119,7 +119,8 @@ def save_checkpoint(accelerator: Any, ckpt_dir: Path, step: int, loop_state: dic
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(tmp))
+        with _quiet_tied_weights():
+            accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             atomic_write_json(tmp / LOOP_STATE, loop_state)
