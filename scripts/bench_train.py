@@ -1,0 +1,222 @@
+"""Training throughput: a plain Hugging Face loop vs ``bert_mp.train`` in each available precision.
+
+One run, one machine, one model and batch. The baseline is the obvious loop:
+``BertForPreTraining(**batch, labels=..., next_sentence_label=...).loss``, ``torch.optim.AdamW``,
+fp32, on batches collated in advance (so it pays nothing for data). bert_mp runs its real training
+loop (``bert_mp.train.train``: data loading, masking, logging and all) on the same examples. Both
+count non-padding tokens and exclude warm-up steps. Prints a table and writes JSON.
+
+    python scripts/bench_train.py --preset mini --seq 128 --micro-batch 32 --steps 8 --warmup 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+
+def _tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(vocab_size - len(specials))])}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def synthetic_prepared(n: int, seq: int, vocab_size: int, model_vocab: int, seed: int = 0) -> SimpleNamespace:
+    """Prepared-data contract in memory: NSP pairs of random tokens, 10% shorter (BERT's short_seq_prob)."""
+    from datasets import Dataset, DatasetDict
+
+    rng = np.random.default_rng(seed)
+    cols: dict = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
+    for _ in range(n):
+        total = seq if rng.random() >= 0.1 else int(rng.integers(16, seq))
+        la = int(rng.integers(1, total - 4))
+        lb = total - 3 - la
+        ids = [2, *rng.integers(5, vocab_size, la).tolist(), 3, *rng.integers(5, vocab_size, lb).tolist(), 3]
+        cols["input_ids"].append(ids)
+        cols["token_type_ids"].append([0] * (la + 2) + [1] * (lb + 1))
+        cols["next_sentence_label"].append(int(rng.integers(0, 2)))
+    ds = Dataset.from_dict(cols)
+    stats = {"tokenizer_size": vocab_size, "model_vocab_size": model_vocab, "max_seq_length": seq}
+    return SimpleNamespace(
+        dataset=DatasetDict(train=ds, validation=ds.select(range(64))),
+        tokenizer=_tokenizer(vocab_size),
+        stats=stats,
+        path="",
+    )
+
+
+def _reset_accelerate() -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def bench_baseline(data, args, order: np.ndarray) -> dict:
+    """The plain HF loop on pre-collated batches, strict fp32."""
+    from transformers import BertForPreTraining
+
+    from bert_mp.config import DataConfig, ModelConfig
+    from bert_mp.masking import PretrainingCollator
+    from bert_mp.model import bert_config
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    collator = PretrainingCollator(data.tokenizer, DataConfig(max_seq_length=args.seq), seed=42)
+    ds, mb = data.dataset["train"], args.micro_batch
+    batches = []
+    for s in range(args.warmup + args.steps):
+        idx = order[s * mb : (s + 1) * mb]
+        batches.append(collator([{**ds[int(i)], "index": int(i), "epoch": 0} for i in idx]))
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times, tokens = [], []
+    for i, batch in enumerate(batches):
+        t = time.perf_counter()
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss.item()  # a CPU run is synchronous; on CUDA this read would be the sync point
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+            tokens.append(int(batch["attention_mask"].sum()))
+    return {
+        "tokens_per_sec": sum(tokens) / sum(times),
+        "step_ms": 1000 * sum(times) / len(times),
+        "steps": len(times),
+    }
+
+
+def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
+    """``bert_mp.train.train`` with the same model and batch; throughput from its own metrics.jsonl."""
+    from bert_mp.config import Config, DataConfig, ModelConfig, TrainConfig
+    from bert_mp.io import read_jsonl
+    from bert_mp.train import train
+
+    _reset_accelerate()
+    cfg = Config(
+        data=DataConfig(max_seq_length=args.seq),
+        model=ModelConfig(preset=args.preset),
+        train=TrainConfig(
+            output_dir=str(out),
+            precision=precision,
+            max_steps=args.warmup + args.steps,
+            global_batch_size=args.micro_batch,
+            micro_batch_size=args.micro_batch,
+            learning_rate=1e-4,
+            eval_max_batches=1,
+            progress_bar=False,
+            export=False,
+        ),
+    )
+    cfg.validate()
+    summary = train(cfg, data)
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"][args.warmup :]
+    secs = sum(r["time/step_ms"] for r in rows) / 1000
+    toks = sum(r["throughput/tokens_per_sec"] * r["time/step_ms"] / 1000 for r in rows)
+    return {
+        "tokens_per_sec": toks / secs,
+        "step_ms": 1000 * secs / len(rows),
+        "steps": len(rows),
+        "data_wait_fraction": float(np.mean([r["data/wait_fraction"] for r in rows])),
+        "precision_in_effect": summary["precision"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="mini")
+    p.add_argument("--vocab", type=int, default=30522, help="tokenizer size (BERT's own: 30522)")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--micro-batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=8, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per run")
+    p.add_argument("--precisions", default="fp32,tf32,bf16,fp16")
+    p.add_argument("--out", default="runs/bench_train.json")
+    args = p.parse_args()
+
+    from bert_mp.errors import HardwareError
+    from bert_mp.precision import device_name, library_versions, resolve_precision
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n = args.micro_batch * (args.warmup + args.steps)
+    model_vocab = -(-args.vocab // 64) * 64  # what `bert-mp prepare` gives the model (multiple of 64)
+    data = synthetic_prepared(n, args.seq, args.vocab, model_vocab)
+    # bert_mp's sampler order for its seed/epoch 0, so the baseline sees the same examples
+    from bert_mp.train import epoch_order
+
+    order = epoch_order(n, 42, 0)
+    load_before = os.getloadavg()
+    results: dict = {"baseline_hf_fp32": bench_baseline(data, args, order)}
+    base = results["baseline_hf_fp32"]["tokens_per_sec"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for prec in args.precisions.split(","):
+            try:
+                resolve_precision(prec, device)
+            except HardwareError as e:
+                results[f"bert_mp_{prec}"] = {"skipped": str(e)}
+                continue
+            results[f"bert_mp_{prec}"] = bench_bert_mp(data, args, prec, Path(tmp) / prec)
+    for r in results.values():
+        if "tokens_per_sec" in r:
+            r["ratio_vs_baseline"] = r["tokens_per_sec"] / base
+
+    report = {
+        "device": device_name(device),
+        "cpu_threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "versions": library_versions(),
+        "setup": {
+            "preset": args.preset,
+            "tokenizer_vocab": args.vocab,
+            "baseline_model_vocab": args.vocab,
+            "bert_mp_model_vocab": model_vocab,
+            "seq": args.seq,
+            "micro_batch": args.micro_batch,
+            "timed_steps": args.steps,
+            "warmup_steps": args.warmup,
+        },
+        "results": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"device: {report['device']} ({report['cpu_threads']} threads), load avg {load_before[0]:.2f}")
+    print(f"{'run':<20} {'tokens/s':>10} {'step ms':>9} {'x baseline':>11}")
+    for name, r in results.items():
+        if "skipped" in r:
+            print(f"{name:<20} skipped: {r['skipped']}")
+        else:
+            print(
+                f"{name:<20} {r['tokens_per_sec']:>10.0f} {r['step_ms']:>9.1f} {r['ratio_vs_baseline']:>10.2f}x"
+            )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
