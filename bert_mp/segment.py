@@ -30,8 +30,9 @@ _ABBREVIATIONS = (
 # abbreviation look-behinds only run where a candidate boundary already matched.
 _BOUNDARY = re.compile(
     r"([.!?][\"')\]]?)"
+    + r"(?=\s+[\"'(\[]?[A-Z0-9])"  # ... before a capital, digit or opening quote
     + "".join(rf"(?<!\b{re.escape(a)})" for a in _ABBREVIATIONS)
-    + r"\s+(?=[\"'(\[]?[A-Z0-9])"  # ... before a capital, digit or opening quote
+    + r"\s+"
     + r"|\n[ \t]*\n\s*"  # blank line
 )
 
