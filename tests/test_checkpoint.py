@@ -130,8 +130,16 @@ def test_atomic_layout_rotation_and_corrupt_checkpoints_are_skipped(tmp_path):
         ckpt.resolve_resume(str(latest), cdir)
     # a checkpoint interrupted before its marker: never loaded
     (cdir / "step_00000004" / ckpt.MARKER).unlink()
-    with pytest.warns(UserWarning, match="no COMPLETE marker"):
+    with pytest.warns(UserWarning) as caught:
         assert ckpt.find_latest(cdir) is None
+    reasons = sorted(str(w.message).split(": ", 1)[1] for w in caught)
+    assert (
+        reasons[0]
+        == "model.safetensors has 100 bytes, expected "
+        + str(marker["files"]["model.safetensors"])
+        + " (truncated or altered)"
+    )
+    assert reasons[1] == "no COMPLETE marker (interrupted while saving)"
     # temp folders (a save in flight) are not even candidates
     (cdir / ".tmp-step_00000008").mkdir()
     assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["step_00000004", "step_00000006"]
