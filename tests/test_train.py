@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from _train_data import make_prepared, tiny_config
+from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
 import bert_mp.train as train_mod
@@ -225,3 +226,15 @@ def test_mixed_precision_runs_record_what_took_effect(data, tmp_path, precision)
     assert p["autocast_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     assert p["loss_scaler"] is (precision == "fp16")
     assert p["accelerate_mixed_precision"] == "no"  # CPU: our own autocast and scaler, not Accelerate's
+
+
+def test_dataloader_workers_do_not_change_the_run(data, tmp_path):
+    """Masking and order come from (seed, epoch, index), not from the process that collates."""
+    losses = {}
+    for workers in (0, 1):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        out = tmp_path / f"w{workers}"
+        train(tiny_config(out, max_steps=3, num_workers=workers, export=False), data)
+        losses[workers] = [r["loss/total"] for r in _metrics(out)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
