@@ -251,7 +251,7 @@ class _BlockPairer:
 
 def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     """The corpus as a one-column (``text``) Arrow-backed Dataset; counts in ReadStats."""
-    from datasets import Dataset, Features, Value
+    from datasets import Dataset, Features, NamedSplit, Value
 
     stats = ReadStats()
     failure: list[BaseException] = []
@@ -269,6 +269,7 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
             generate,
             features=Features({"text": Value("string")}),
             cache_dir=str(work / "documents"),
+            split=NamedSplit("documents"),  # the progress bar then reads "Generating documents split"
             fingerprint=f"documents-{data.cache_key()}",
         )
     except Exception:
