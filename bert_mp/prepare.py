@@ -437,6 +437,8 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
             "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
             "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
             "sentences": int(blk.get("sentences", 0)),
+            "sentences_without_tokens": int(blk.get("sentences_without_tokens", 0)),
+            "sentences_cut_to_max_length": int(blk.get("sentences_cut_to_max_length", 0)),
             "tokens": int(blk.get("tokens", 0)),
             "example_tokens": int(lengths.sum()),
             "nsp": {

@@ -314,6 +314,7 @@ def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
     path = next(p for p in (tmp_path / "cache").iterdir() if (p / "COMPLETE").exists())
     s = json.loads((path / "stats.json").read_text())
     assert s["documents"]["invalid_utf8_replaced"] > 0
+    assert sum(v["sentences_cut_to_max_length"] for v in s["per_split"].values()) > 0  # the 2 MB line is used
     assert s["documents"]["files_empty"] and s["documents"]["files"] == 8
     assert s["splits"]["train"] > 0
     assert "NSP random share" in r.stdout and "documents:" in r.stdout
