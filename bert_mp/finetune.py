@@ -282,6 +282,11 @@ def run_finetune(cfg: Config) -> dict[str, Any]:
             f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
         )
 
+    # A precision the hardware lacks fails here too, before any data work.
+    # Without CUDA, say so explicitly: Accelerate then uses gloo for multi-process CPU launches.
+    cpu = not torch.cuda.is_available()
+    plan = resolve_precision(ft.precision, PartialState(cpu=cpu).device)
+
     # ---- data ------------------------------------------------------------------------------------
     task: TaskData = load_task(ft)
     splits = task.splits
@@ -303,10 +308,7 @@ def run_finetune(cfg: Config) -> dict[str, Any]:
         tokenized[split], truncated[split] = tokenize_split(ds, tokenizer, ft.max_seq_length, task.has_pair)
         tokenized[split] = tokenized[split].rename_column("label_id", "labels")
 
-    # ---- precision, accelerator ------------------------------------------------------------------
-    # Without CUDA, say so explicitly: Accelerate then uses gloo for multi-process CPU launches.
-    cpu = not torch.cuda.is_available()
-    plan = resolve_precision(ft.precision, PartialState(cpu=cpu).device)
+    # ---- accelerator -----------------------------------------------------------------------------
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=plan.accelerate_mixed_precision,

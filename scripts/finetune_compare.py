@@ -91,12 +91,13 @@ def markdown(result: dict) -> str:
             f"| {r['init']} | {r['seed']} | {v['accuracy']:.3f} | {v['macro_f1']:.3f} | {t['accuracy']:.3f} | "
             f"{t['macro_f1']:.3f} | {t['mcc']:.3f} | {r['train_elapsed_s']:.0f} |"
         )
-    for init in INITS:
-        m = result["mean"][init]
-        rows.append(
-            f"| **{init} (mean)** | | | {m['val_macro_f1']:.3f} | {m['test_accuracy']:.3f} | "
-            f"{m['test_macro_f1']:.3f} ± {m['test_macro_f1_sd']:.3f} | {m['test_mcc']:.3f} | |"
-        )
+    if len({r["seed"] for r in result["runs"]}) > 1:
+        for init in INITS:
+            m = result["mean"][init]
+            rows.append(
+                f"| **{init} (mean)** | | | {m['val_macro_f1']:.3f} | {m['test_accuracy']:.3f} | "
+                f"{m['test_macro_f1']:.3f} ± {m['test_macro_f1_sd']:.3f} | {m['test_mcc']:.3f} | |"
+            )
     b = result["bag_of_wordpieces"]
     rows.append(
         f"| bag-of-wordpieces + logistic regression | | {b['validation']['accuracy']:.3f} | "
@@ -104,6 +105,7 @@ def markdown(result: dict) -> str:
         f"{b['test']['mcc']:.3f} | |"
     )
     p = result["pretraining"]
+    ev = p.get("final_eval") or {}
     lines = [
         f"Task: `{result['task']}` ({result['num_labels']} classes; train/validation/test = "
         f"{result['sizes']['train']}/{result['sizes']['validation']}/{result['sizes']['test']} docstrings, "
@@ -112,8 +114,9 @@ def markdown(result: dict) -> str:
         *rows,
         "",
         f"Pretraining: {p.get('steps')} steps of `{(p.get('model') or {}).get('preset', '?')}` in "
-        f"{(p.get('elapsed_s') or 0) / 60:.1f} min (train loop), final eval "
-        f"{json.dumps(p.get('final_eval'))}.",
+        f"{(p.get('elapsed_s') or 0) / 60:.1f} min (train loop); final MLM accuracy "
+        f"{ev.get('eval/accuracy_mlm', float('nan')):.3f}, perplexity {ev.get('eval/perplexity', float('nan')):.0f}, "
+        f"NSP accuracy {ev.get('eval/accuracy_nsp', float('nan')):.3f}.",
         f"Majority class test accuracy: {b['majority_class_test_accuracy']:.3f}.",
         f"Margin (test macro-F1, pretrained - random): {result['margin_test_macro_f1']:+.3f}; "
         f"verdict: **{result['verdict']}**.",
