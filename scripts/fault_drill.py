@@ -195,6 +195,7 @@ def last_logged_step(out_dir: Path) -> int:
 
 
 def newest_complete_step(ckpt_dir: Path) -> int:
+    """Step of the checkpoint ``train.resume=latest`` would load (0: none)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # skipped (incomplete) checkpoints are expected here
         latest = ckpt.find_latest(ckpt_dir)
@@ -237,7 +238,7 @@ def interrupt(
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL if rec.signal == "SIGKILL" else signal.SIGTERM)
     rec.returncode = proc.wait(timeout=CHILD_TIMEOUT_S)
-    rec.completed_before_kill = not hit or rec.returncode == 0 and (out_dir / "final").is_dir()
+    rec.completed_before_kill = not hit or (rec.returncode == 0 and (out_dir / "final").is_dir())
     rec.logged_step = last_logged_step(out_dir)
     rec.resume_step = newest_complete_step(ckpt_dir)
     rec.steps_lost = max(rec.logged_step - rec.resume_step, 0)
