@@ -383,6 +383,8 @@ class SweepConfig:
         _check(self.min_spread > 0, "sweep.min_spread", "must be > 0", self.min_spread)
         _check(self.divergence_rel > 0, "sweep.divergence_rel", "must be > 0", self.divergence_rel)
         _range(self.profile_steps, "sweep.profile_steps", 0)
+        if self.reference_seed is not None:
+            _range(self.reference_seed, "sweep.reference_seed", 0)
 
 
 # --------------------------------------------------------------------------------------------------
