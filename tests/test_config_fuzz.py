@@ -27,12 +27,12 @@ def _leaves():
 
 LEAVES = list(_leaves())
 BAD_TYPE = {"bool": "maybe", "int": "not_a_number", "float": "not_a_number", "list": "{a: 1}"}
+# Free-form strings (paths, names) have no wrong type: any value is a string.
+TYPED = [(k, kind) for k, kind in LEAVES if kind in BAD_TYPE]
 
 
-@pytest.mark.parametrize("key,kind", LEAVES, ids=[k for k, _ in LEAVES])
+@pytest.mark.parametrize("key,kind", TYPED, ids=[k for k, _ in TYPED])
 def test_wrong_type_names_the_key(key, kind):
-    if kind not in BAD_TYPE:
-        pytest.skip("free-form string: every value has the right type")
     with pytest.raises(ConfigError) as ei:
         load_config(None, [f"{key}={BAD_TYPE[kind]}"])
     assert key in str(ei.value)
