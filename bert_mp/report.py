@@ -162,7 +162,7 @@ def _fmt(x: Any, spec: str = ".4g", none: str = "-") -> str:
 
 
 def _pct(x: Any) -> str:
-    return _fmt(x * 100 if isinstance(x, (int, float)) else None, ".2f") + ("%" if x is not None else "")
+    return _fmt(x * 100 if isinstance(x, (int, float)) else None, ".3g") + ("%" if x is not None else "")
 
 
 def _cost(entry: dict[str, Any]) -> str:
