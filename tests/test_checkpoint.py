@@ -25,17 +25,6 @@ from bert_mp.io import read_jsonl
 TESTS = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def _run(
     cfg, data_root: Path, *extra: str, wait: bool = True
 ) -> subprocess.Popen | subprocess.CompletedProcess:

@@ -42,17 +42,6 @@ def _load_drill():
 drill = _load_drill()
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("prepared")

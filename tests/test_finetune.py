@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     AutoTokenizer,
     BertConfig,
@@ -35,11 +35,17 @@ WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window"
 
 
 def make_tokenizer(texts, vocab_size=120):
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    """A BERT-style WordPiece tokenizer over the words of ``texts`` (plus digits), padded with filler
+    tokens to ``vocab_size``. A fixed vocabulary rather than WordPiece training, whose ties are broken
+    differently from run to run (huggingface/tokenizers#1794), keeps the tests deterministic."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for text in texts for w in text.lower().split() if not w.isdigit()})
+    digits = [str(d) for d in range(10)] + [f"##{d}" for d in range(10)]
+    vocab = specials + words + digits
+    vocab += [f"filler{i}" for i in range(vocab_size - len(vocab))]
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -26,17 +26,6 @@ def _restore_flags():
     torch.set_float32_matmul_precision(saved[2])
 
 
-@pytest.fixture
-def fresh_accelerator():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def test_fp32_is_strict_after_tf32():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -120,7 +109,7 @@ def test_cpu_bf16_autocast_dtype():
     assert plan.make_scaler() is None and plan.accelerate_mixed_precision == "no"
 
 
-def test_cpu_fp16_end_to_end_through_accelerate(fresh_accelerator):
+def test_cpu_fp16_end_to_end_through_accelerate():
     """Autocast fp16 + our CPU GradScaler wired into Accelerate: scale, unscale, skip on inf."""
     from accelerate import Accelerator
 

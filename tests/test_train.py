@@ -42,17 +42,6 @@ def data(tmp_path_factory):
     return make_prepared(tmp_path_factory.mktemp("prepared"))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def _metrics(out: Path, kind: str = "train") -> list[dict]:
     return [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == kind]
 
