@@ -16,8 +16,15 @@ from pathlib import Path
 
 # Folders whose modules are tests, demos or vendored code rather than library prose.
 _EXCLUDED_PARTS = {
-    "test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__",
-    "turtledemo", "_vendor", "pydoc_data",
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "turtledemo",
+    "_vendor",
+    "pydoc_data",
 }
 
 

@@ -50,7 +50,7 @@ class JsonlWriter:
     def __init__(self, path: Path, append: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._f = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def write(self, obj: dict) -> None:
         self._f.write(json.dumps(obj, default=float) + "\n")
