@@ -355,3 +355,23 @@ def test_pretrained_tokenizer_by_path(tmp_path, prepared, corpus):
 def test_cli_config_error_is_one_line(capsys):
     assert main(["prepare", "data.masking=sometimes"]) == 2
     assert "data.masking" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_path_gives_the_same_rows_as_the_local_path(tmp_path, corpus, prepared, streaming):
+    """The same documents through source=hub (a local dataset folder, streamed or not) and through
+    source=jsonl prepare byte-identical rows (same tokenizer, so WordPiece training is out of it)."""
+    docs = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    folder = tmp_path / "hub_dataset"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs), encoding="utf-8")
+    common = [f"data.tokenizer={prepared.path / 'tokenizer'}", "data.masking=static"]
+    local = _cfg(tmp_path, corpus, "data.source=jsonl", f"data.paths=[{folder / 'train.jsonl'}]", *common)
+    hub = _cfg(
+        tmp_path, corpus, "data.source=hub", f"data.hub_name={folder}", f"data.streaming={streaming}", *common
+    )
+    a = prep.load_prepared(prep.prepare(local)).dataset
+    b = prep.load_prepared(prep.prepare(hub)).dataset
+    for split in ("train", "validation"):
+        assert len(a[split]) > 0
+        assert a[split].data.table.equals(b[split].data.table), split
