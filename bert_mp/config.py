@@ -555,21 +555,27 @@ def _merge_checked(base: Any, layer: Any) -> Any:
         raise ConfigError(f"invalid config: {e}") from None
 
 
+def load_yaml(path: str | Path) -> Any:
+    """One YAML recipe as an OmegaConf node (an empty file is an empty recipe)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        y = OmegaConf.load(p)
+    except Exception as e:  # yaml syntax errors come from several libraries
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return y if y is not None else OmegaConf.create({})
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- YAML recipe <- dotted overrides, type-checked and validated."""
+    return config_from_layers([load_yaml(path)] if path is not None else [], overrides)
+
+
+def config_from_layers(layers: list[Any], overrides: list[str] | None = None) -> Config:
+    """Defaults <- each YAML layer in order <- dotted overrides, type-checked and validated."""
     base = OmegaConf.structured(Config)
-    layers = []
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            y = OmegaConf.load(p)
-        except Exception as e:  # yaml syntax errors come from several libraries
-            raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
-        if y is None:
-            y = OmegaConf.create({})
-        layers.append(y)
+    layers = list(layers)
     for ov in overrides or []:
         if "=" not in ov:
             raise ConfigError(f"override {ov!r} is not of the form section.key=value")

@@ -19,7 +19,6 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -28,7 +27,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bert_mp.config import Config, config_to_dict, load_config, save_config
+from bert_mp.config import Config, config_from_layers, config_to_dict, load_config, load_yaml, save_config
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.io import atomic_write_json
 
@@ -41,16 +40,6 @@ FINAL_STATUSES = ("completed", "failed")
 # --------------------------------------------------------------------------------------------------
 # config: base recipe <- sweep file <- CLI overrides
 # --------------------------------------------------------------------------------------------------
-def _load_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        y = OmegaConf.load(path)
-    except Exception as e:  # yaml syntax errors come from several libraries
-        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-    return y if y is not None else OmegaConf.create({})
-
-
 def _find_base(base: str, sweep_file: Path | None) -> Path:
     """``sweep.base`` as given (relative to the working directory), else relative to the sweep file."""
     p = Path(base)
@@ -71,21 +60,13 @@ def load_sweep_config(
     """The resolved sweep config and the base recipe path, with load_config's strict validation."""
     overrides = list(overrides or [])
     sweep_file = Path(path) if path is not None else None
-    sweep_yaml = _load_yaml(sweep_file) if sweep_file is not None else OmegaConf.create({})
+    sweep_yaml = load_yaml(sweep_file) if sweep_file is not None else OmegaConf.create({})
     base = next((o.split("=", 1)[1] for o in overrides if o.startswith("sweep.base=")), None)
     if base is None:
         base = OmegaConf.select(sweep_yaml, "sweep.base", default=None)
     base_path = _find_base(str(base), sweep_file) if base not in (None, "", "null") else None
-    layers = [_load_yaml(base_path)] if base_path is not None else []
-    layers.append(sweep_yaml)
-    try:
-        merged = OmegaConf.merge(*layers)
-    except Exception as e:
-        raise ConfigError(f"cannot merge {base_path} with {sweep_file}: {str(e).splitlines()[0]}") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp) / "sweep.yaml"
-        tmp_path.write_text(OmegaConf.to_yaml(merged), encoding="utf-8")
-        cfg = load_config(tmp_path, overrides)
+    layers = [load_yaml(base_path)] if base_path is not None else []
+    cfg = config_from_layers([*layers, sweep_yaml], overrides)
     if "fp32" not in cfg.sweep.precisions:
         raise ConfigError(
             f"sweep.precisions: must include fp32, the reference every verdict compares to (got {cfg.sweep.precisions})"
