@@ -30,7 +30,7 @@ from bert_mp.config import Config, FinetuneConfig, load_config, save_config
 from bert_mp.errors import ConfigError, TrainingError
 from bert_mp.io import JsonlWriter, atomic_write_json
 from bert_mp.optim import fused_supported, param_groups
-from bert_mp.precision import install_scaler, library_versions, resolve_precision, unscale_gradients
+from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 from bert_mp.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
 
 # Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
@@ -393,15 +393,11 @@ def run_finetune(cfg: Config) -> dict[str, Any]:
                     "finetune.learning_rate or raise finetune.warmup_ratio"
                 )
             accelerator.backward(loss)
-            unscale_gradients(accelerator, optimizer)
-            max_norm = ft.max_grad_norm if ft.max_grad_norm > 0 else float("inf")
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
             lr = scheduler.get_last_lr()[0]
-            scale_before = scaler.get_scale() if scaler is not None else None
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            # The scaler lowers its scale exactly when it found inf/NaN gradients and skipped the step.
-            if scaler is not None and scaler.get_scale() < scale_before:
+            grad_norm, step_skipped = optimizer_step(
+                accelerator, optimizer, model.parameters(), ft.max_grad_norm, scaler
+            )
+            if step_skipped:
                 skipped += 1
                 continue
             scheduler.step()

@@ -265,6 +265,25 @@ def unscale_gradients(accelerator: Any, optimizer: Any) -> None:
     scaler.unscale_(inner)
 
 
+def optimizer_step(
+    accelerator: Any, optimizer: Any, parameters: Any, max_grad_norm: float, scaler: Any
+) -> tuple[Any, bool]:
+    """Unscale (fp16), clip, step and zero the gradients; returns ``(grad_norm, skipped)``.
+
+    ``skipped`` is true when the GradScaler found inf/NaN gradients and skipped the step: it lowers
+    its scale exactly then. (Accelerate's ``optimizer_step_was_skipped`` misses it for fused AdamW,
+    which skips inside its kernel.) ``grad_norm`` may be None where the engine clips itself.
+    """
+    unscale_gradients(accelerator, optimizer)
+    max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = accelerator.clip_grad_norm_(parameters, max_norm)
+    scale_before = scaler.get_scale() if scaler is not None else None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    skipped = scaler is not None and scaler.get_scale() < scale_before
+    return grad_norm, skipped
+
+
 @contextlib.contextmanager
 def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
     """Apply a plan's backend flags for a block and restore the previous ones afterwards."""

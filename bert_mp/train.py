@@ -42,7 +42,7 @@ from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.io import JsonlWriter, atomic_write_json, read_jsonl
 from bert_mp.model import PretrainingModel, build_model, parameter_counts
 from bert_mp.optim import build_optimizer, build_scheduler
-from bert_mp.precision import install_scaler, library_versions, resolve_precision, unscale_gradients
+from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 
 
 @dataclass
@@ -483,16 +483,10 @@ def train(cfg: Config, data: Any = None) -> dict:
                         f"the step saved to {path}. Lower train.learning_rate or raise train.warmup_steps."
                     )
 
-                unscale_gradients(accelerator, optimizer)
-                max_norm = tc.max_grad_norm if tc.max_grad_norm > 0 else float("inf")
-                grad_norm = accelerator.clip_grad_norm_(wrapped.parameters(), max_norm)
                 lr = scheduler.get_last_lr()[0]
-                scale_before = scaler.get_scale() if scaler is not None else None
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                # The scaler halves its scale exactly when it found inf/NaN gradients. Accelerate's own
-                # optimizer_step_was_skipped misses it for fused AdamW, which skips inside its kernel.
-                skipped = scaler is not None and scaler.get_scale() < scale_before
+                grad_norm, skipped = optimizer_step(
+                    accelerator, optimizer, wrapped.parameters(), tc.max_grad_norm, scaler
+                )
 
                 state.batch_in_epoch += 1
                 if state.batch_in_epoch >= sampler.batches_per_epoch:
