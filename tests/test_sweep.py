@@ -160,8 +160,9 @@ def _tiny_overrides(tmp_path: Path) -> list[str]:
     ]
 
 
-@pytest.mark.slow
 def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
+    """The real CLI: prepare, three precision runs + the fp32 seed run, report; then the divergence
+    drill. About a minute on an idle 2-core machine, kept in the default suite on purpose."""
     import json
     import subprocess
 
