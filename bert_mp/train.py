@@ -357,10 +357,11 @@ def train(cfg: Config, data: Any = None) -> dict:
     writer = None
     if accelerator.is_main_process:
         metrics_path = out / "metrics.jsonl"
+        # A checkpoint copied without its run's metrics.jsonl resumes with a log that starts here.
         kept = (
-            []
-            if not resumed_from
-            else [r for r in read_jsonl(metrics_path) if _keep_on_resume(r, state.step, tc)]
+            [r for r in read_jsonl(metrics_path) if _keep_on_resume(r, state.step, tc)]
+            if resumed_from and metrics_path.exists()
+            else []
         )
         writer = JsonlWriter(metrics_path)
         for r in kept:

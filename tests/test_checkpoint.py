@@ -142,6 +142,19 @@ def test_resume_latest_without_checkpoints_starts_fresh(tmp_path):
     assert summary["steps"] == 2 and summary["resumed_from"] is None
 
 
+def test_resume_without_metrics_log_continues(tmp_path):
+    """Checkpoints copied elsewhere without metrics.jsonl still resume; the new log starts there."""
+    data = make_prepared(tmp_path / "data")
+    cfg = tiny_config(tmp_path / "run", max_steps=2, save_every=1, export=False)
+    train_mod.train(cfg, data)
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    cfg.train.max_steps, cfg.train.resume = 3, "latest"
+    summary = train_mod.train(cfg, data)
+    assert summary["steps"] == 3 and summary["resumed_from"].endswith("step_00000002")
+    steps = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == [3]
+
+
 def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path, monkeypatch):
     run, built = _finished_run(tmp_path, monkeypatch)
     trained = built[0].eval()
