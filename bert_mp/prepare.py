@@ -35,7 +35,14 @@ from bert_mp.io import atomic_write_json
 from bert_mp.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
 from bert_mp.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
 from bert_mp.segment import build_marker, split_marked_tokens
-from bert_mp.tokenizer import encoder, load_tokenizer, round_vocab_size, save_tokenizer, train_wordpiece
+from bert_mp.tokenizer import (
+    encoder,
+    inline_marker,
+    load_tokenizer,
+    round_vocab_size,
+    save_tokenizer,
+    train_wordpiece,
+)
 
 SPLITS = ("train", "validation")
 _STREAM_SPLIT = 3
@@ -158,7 +165,9 @@ class _BlockPairer:
         self.docs = docs
         self.encoder = encoder(tokenizer)
         self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
-        self.marker = build_marker(data.sentence_splitter, tokenizer.sep_token)
+        self.mark = build_marker(data.sentence_splitter)
+        self.sep_token = tokenizer.sep_token
+        self.inline = inline_marker(tokenizer)
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
         self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
         self.seed, self.dupe_factor = data.seed, data.dupe_factor
@@ -173,12 +182,29 @@ class _BlockPairer:
         st: dict[str, Any] = {"documents": len(doc_ids)}
         t0 = time.perf_counter()
         texts = self.docs.data.table.take(pa.array(doc_ids, pa.int64())).column("text").to_pylist()
-        marked = [self.marker(text) for text in texts]
+        # Sentence boundaries become marker tokens: the inline punctuation marker where the
+        # tokenizer allows it and the document does not contain it, [SEP] otherwise.
+        char, mid = self.inline or (self.sep_token, self.sep_id)
+        markers = [self.sep_token if char in text else char for text in texts]
+        marked, counts = zip(*map(self.mark, texts, markers), strict=True) if texts else ((), ())
         t1 = time.perf_counter()
-        ids = [e.ids for e in self.encoder.encode_batch_fast(marked, add_special_tokens=False)]
+        ids = [e.ids for e in self.encoder.encode_batch_fast(list(marked), add_special_tokens=False)]
+        marker_ids = np.array([mid if m == char else self.sep_id for m in markers], dtype=np.int32)
+        if self.inline is not None:
+            # Every inline marker must come back as exactly one marker id; a document where the
+            # count differs (a normalizer that makes or eats the character) is redone with [SEP].
+            redo = [i for i, n in enumerate(counts) if markers[i] == char and ids[i].count(mid) != n]
+            if redo:
+                again = [self.mark(texts[i], self.sep_token)[0] for i in redo]
+                for i, e in zip(
+                    redo, self.encoder.encode_batch_fast(again, add_special_tokens=False), strict=True
+                ):
+                    ids[i] = e.ids
+                    marker_ids[i] = self.sep_id
+        st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
         t2 = time.perf_counter()
         flat, sent_lens, doc_of_sent, empty, cut = split_marked_tokens(
-            ids, self.sep_id, self.params.max_num_tokens
+            ids, marker_ids, self.params.max_num_tokens
         )
         del ids, marked
         sents_per_doc = np.bincount(doc_of_sent, minlength=len(texts))
@@ -435,6 +461,8 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
             "blocks": len(block_files),
             "documents": int(blk.get("documents", 0)),
             "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
+            # documents marked with [SEP] rather than the faster inline marker (tokenizer.inline_marker)
+            "sep_marked_documents": int(blk.get("sep_marked_documents", 0)),
             "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
             "sentences": int(blk.get("sentences", 0)),
             "sentences_without_tokens": int(blk.get("sentences_without_tokens", 0)),

@@ -6,10 +6,12 @@ letter, digit or opening quote - unless the punctuation ends a common abbreviati
 blank line.
 
 Two forms of the same boundaries: :func:`split_sentences` returns the sentences (tests, small
-inputs); :func:`build_marker` rewrites a document so that a marker (the tokenizer's ``[SEP]``)
-stands at every boundary. ``prepare`` uses the marked form: one ``encode_batch_fast`` input per
-document instead of one per sentence, and sentence boundaries come back as marker ids in the
-token stream, with no Python list of sentences in between.
+inputs); :func:`build_marker` rewrites a document so that a marker stands at every boundary.
+``prepare`` uses the marked form: one ``encode_batch_fast`` input per document instead of one per
+sentence, and sentence boundaries come back as marker ids in the token stream, with no Python list
+of sentences in between. The marker is the tokenizer's ``[SEP]`` or, where it is proven
+equivalent, a punctuation character (see ``bert_mp.tokenizer.inline_marker``), which the Rust
+tokenizer handles without its slower special-token pass.
 """
 
 from __future__ import annotations
@@ -28,16 +30,24 @@ _ABBREVIATIONS = (
 )  # fmt: skip
 # The punctuation is captured (not looked behind) so the scan runs several times faster; the
 # abbreviation look-behinds only run where a candidate boundary already matched.
-_BOUNDARY = re.compile(
+_SENTENCE_END = (
     r"([.!?][\"')\]]?)"
     + r"(?=\s+[\"'(\[]?[A-Z0-9])"  # ... before a capital, digit or opening quote
     + "".join(rf"(?<!\b{re.escape(a)})" for a in _ABBREVIATIONS)
     + r"\s+"
-    + r"|\n[ \t]*\n\s*"  # blank line
 )
+_BLANK = r"\n[ \t]*\n\s*"
+_BOUNDARY = re.compile(_SENTENCE_END + "|" + _BLANK)
+# The same boundaries in two passes (used to mark): a pattern that starts with a character class
+# is scanned for it at C speed, the alternation is not - half the time per document. Equal to one
+# pass with _BOUNDARY because a sentence-end match consumes all whitespace after it (blank lines
+# included) and a blank-line match spans whitespace only, where no sentence end can start.
+_SENTENCE_END_RE = re.compile(_SENTENCE_END)
+_BLANK_RE = re.compile(_BLANK)
 
 Splitter = Callable[[str], list[str]]
-Marker = Callable[[str], str]
+Marker = Callable[[str, str], tuple[str, int]]
+"""``(text, marker) -> (marked text, number of markers in it)``."""
 
 
 def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
@@ -79,7 +89,16 @@ def split_sentences(text: str, max_chars: int = 2048) -> list[str]:
 
 def mark_sentences(text: str, marker: str) -> str:
     """``text`` with ``marker`` at every rule boundary (replacing the whitespace there) and at the end."""
-    return _BOUNDARY.sub(lambda m: (m.group(1) or "") + marker, text.strip()) + marker
+    return _mark_rule(text, marker)[0]
+
+
+def _mark_rule(text: str, marker: str) -> tuple[str, int]:
+    # A template, not a function, as replacement: no Python call per boundary. An unmatched group
+    # (the blank-line alternative) substitutes as the empty string.
+    literal = marker.replace("\\", "\\\\")
+    marked, n = _SENTENCE_END_RE.subn("\\g<1>" + literal, text.strip())
+    marked, m = _BLANK_RE.subn(literal, marked)
+    return marked + marker, n + m + 1
 
 
 def _optional_splitter(name: str) -> Callable[[str], list[str]]:
@@ -112,18 +131,25 @@ def build_splitter(name: str, max_chars: int = 2048) -> Splitter:
     return lambda text: _finish([s for para in re.split(r"\n[ \t]*\n", text) for s in split(para)], max_chars)
 
 
-def build_marker(name: str, marker: str) -> Marker:
-    """``text -> text`` with ``marker`` after every sentence of the splitter called ``name``."""
+def build_marker(name: str) -> Marker:
+    """``(text, marker) -> (marked, count)``: ``marker`` after every sentence of the splitter ``name``."""
     if name == "rule":
-        return lambda text: mark_sentences(text, marker)
+        return _mark_rule
     split = build_splitter(name, max_chars=1 << 62)
-    return lambda text: "".join(s + marker for s in split(text))
+
+    def mark(text: str, marker: str) -> tuple[str, int]:
+        sentences = split(text)
+        return "".join(s + marker for s in sentences), len(sentences)
+
+    return mark
 
 
 def split_marked_tokens(
-    ids: list[list[int]], marker_id: int, max_tokens: int
+    ids: list[list[int]], marker_id: int | np.ndarray, max_tokens: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Sentences from the token ids of marked documents (``marker_id`` after every sentence).
+
+    ``marker_id`` is one id for all documents or an array with one per document.
 
     Returns ``(flat, lengths, document, empty, cut)``: all sentence tokens in order without the
     markers, the length of each sentence and its document's position in ``ids``, the number of
@@ -132,7 +158,10 @@ def split_marked_tokens(
     """
     doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(doc_lens.sum()))
-    is_marker = flat == marker_id
+    if np.ndim(marker_id):
+        is_marker = flat == np.repeat(np.asarray(marker_id, dtype=np.int32), doc_lens)
+    else:
+        is_marker = flat == marker_id
     doc_ends = np.cumsum(doc_lens)
     if not is_marker[doc_ends[doc_lens > 0] - 1].all():
         raise DataError(

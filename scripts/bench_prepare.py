@@ -12,7 +12,10 @@ times, each in a fresh subprocess (so peak RSS is per measurement):
 Both count tokens of the text (no [CLS]/[SEP]) and run with TOKENIZERS_PARALLELISM=false, so N
 processes use N cores in both. The ratio is given per wall second and per CPU second (user +
 system of all processes): on a shared, loaded machine the CPU ratio is the steadier of the two.
-Prints a table and writes JSON (``--out``).
+The pair (a, b) is measured ``--repeat`` times, back to back and in alternating order, and the
+median of the per-pair ratios is reported: a slow or fast phase of a shared machine then hits
+both sides of a pair, not one side of the whole comparison. Prints a table and writes JSON
+(``--out``, with every trial).
 
     python scripts/bench_prepare.py --size 50MB --num-proc 1 2
 """
@@ -24,6 +27,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -203,6 +207,7 @@ def main() -> None:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/prepare_work"))
     p.add_argument("--out", type=Path, default=Path("runs/bench/prepare.json"))
+    p.add_argument("--repeat", type=int, default=3, help="measured pairs per num_proc (median reported)")
     p.add_argument("--extra", nargs="*", default=[], help="extra data.* overrides for prepare")
     p.add_argument("--child", choices=["prepare", "tokenize"], help=argparse.SUPPRESS)
     p.add_argument("--child-num-proc", type=int, help=argparse.SUPPRESS)
@@ -228,21 +233,51 @@ def main() -> None:
 
     rows = []
     for n in args.num_proc:
-        tok = run_child("tokenize", args, files, tokenizer, n)
-        prep = run_child("prepare", args, files, tokenizer, n)
-        ratio = prep["tokens_per_sec"] / tok["tokens_per_sec"]
-        cpu_ratio = prep["tokens_per_cpu_sec"] / tok["tokens_per_cpu_sec"]
+        trials = []
+        for r in range(args.repeat):
+            order = ("tokenize", "prepare") if r % 2 == 0 else ("prepare", "tokenize")
+            got = {kind: run_child(kind, args, files, tokenizer, n) for kind in order}
+            tok, prep = got["tokenize"], got["prepare"]
+            trial = {
+                "order": list(order),
+                "tokenize_only": tok,
+                "prepare": prep,
+                "ratio": prep["tokens_per_sec"] / tok["tokens_per_sec"],
+                "cpu_ratio": prep["tokens_per_cpu_sec"] / tok["tokens_per_cpu_sec"],
+            }
+            trials.append(trial)
+            print(
+                f"num_proc={n} trial {r + 1}/{args.repeat}: tokenize-only {tok['tokens_per_sec']:,.0f} tok/s, "
+                f"prepare {prep['tokens_per_sec']:,.0f} tok/s, ratio {trial['ratio']:.2f} "
+                f"(per CPU second: {trial['cpu_ratio']:.2f})",
+                flush=True,
+            )
+        ratios = sorted(t["ratio"] for t in trials)
+        median = statistics.median(ratios)
+        mid = min(trials, key=lambda t: abs(t["ratio"] - median))  # the trial shown in the table
         rows.append(
-            {"num_proc": n, "tokenize_only": tok, "prepare": prep, "ratio": ratio, "cpu_ratio": cpu_ratio}
-        )
-        print(
-            f"num_proc={n}: tokenize-only {tok['tokens_per_sec']:,.0f} tok/s, prepare {prep['tokens_per_sec']:,.0f} "
-            f"tok/s, ratio {ratio:.2f} (per CPU second: {cpu_ratio:.2f})",
-            flush=True,
+            {
+                "num_proc": n,
+                "ratio": median,
+                "cpu_ratio": statistics.median(t["cpu_ratio"] for t in trials),
+                "ratio_min_max": [ratios[0], ratios[-1]],
+                "tokenize_only": mid["tokenize_only"],
+                "prepare": mid["prepare"],
+                "trials": trials,
+            }
         )
 
     print()
-    head = ("num_proc", "tokenize tok/s", "prepare tok/s", "ratio", "cpu ratio", "prep s", "peak RSS MB")
+    head = (
+        "num_proc",
+        "tokenize tok/s",
+        "prepare tok/s",
+        "median ratio",
+        "min-max",
+        "cpu ratio",
+        "prep s",
+        "peak RSS MB",
+    )
     print("  ".join(f"{h:>14}" for h in head))
     for r in rows:
         cells = (
@@ -250,6 +285,7 @@ def main() -> None:
             f"{r['tokenize_only']['tokens_per_sec']:,.0f}",
             f"{r['prepare']['tokens_per_sec']:,.0f}",
             f"{r['ratio']:.2f}",
+            "{:.2f}-{:.2f}".format(*r["ratio_min_max"]),
             f"{r['cpu_ratio']:.2f}",
             f"{r['prepare']['seconds']:.1f}",
             f"{max(r['prepare']['peak_rss'].values()) / 1e6:.0f}",

@@ -375,3 +375,54 @@ def test_hub_path_gives_the_same_rows_as_the_local_path(tmp_path, corpus, prepar
     for split in ("train", "validation"):
         assert len(a[split]) > 0
         assert a[split].data.table.equals(b[split].data.table), split
+
+
+def _marker_corpus(path: Path) -> Path:
+    """Documents with varied text; some contain the inline marker character itself."""
+    rng = random.Random(3)
+    extra = ["caf\u00e9", "\u00fcber", "\u65e5\u672c", "x|y", "a \u00b6 b", "(3.5%)", '"quoted"', "e.g."]
+    docs = []
+    for d in range(120):
+        sents = []
+        for _ in range(rng.randint(1, 8)):
+            words = [rng.choice(WORDS + (extra if d % 3 == 0 else [])) for _ in range(rng.randint(2, 14))]
+            sents.append(" ".join(words).capitalize() + rng.choice([".", "!", "?"]))
+        docs.append(" ".join(sents))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def test_inline_marker_gives_the_same_rows_as_sep(tmp_path, monkeypatch):
+    corpus = _marker_corpus(tmp_path / "corpus.txt")
+    base = prep.prepare(_cfg(tmp_path / "tok", corpus))
+    tok = f"data.tokenizer={base / 'tokenizer'}"
+    assert prep.inline_marker(AutoTokenizer.from_pretrained(base / "tokenizer"))[0] == "|"
+    extra = (tok, "data.masking=static", "data.pairing_block_chars=2000")
+    inline = prep.prepare(_cfg(tmp_path / "inline", corpus, *extra))
+    stats = json.loads((inline / "stats.json").read_text())
+    train = stats["per_split"]["train"]
+    # Documents holding "|" (about a tenth) keep [SEP]; the rest use the inline marker.
+    assert 0 < train["sep_marked_documents"] < train["documents"] // 2
+    monkeypatch.setattr(prep, "inline_marker", lambda tokenizer: None)
+    sep = prep.prepare(_cfg(tmp_path / "sep", corpus, *extra))
+    a, b = _rows(inline), _rows(sep)
+    assert a["train"].num_rows > 50
+    for split in a:
+        assert a[split].equals(b[split]), split
+
+
+def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
+    """A marker that does not come back once per boundary (here: an id that never appears, as with a
+    normalizer that rewrites the character) is caught per document and redone with [SEP]."""
+    corpus = _marker_corpus(tmp_path / "corpus.txt")
+    base = prep.prepare(_cfg(tmp_path / "tok", corpus))
+    extra = (f"data.tokenizer={base / 'tokenizer'}", "data.pairing_block_chars=2000")
+    good = prep.prepare(_cfg(tmp_path / "good", corpus, *extra))
+    wrong_id = AutoTokenizer.from_pretrained(base / "tokenizer").mask_token_id  # never in the output
+    monkeypatch.setattr(prep, "inline_marker", lambda tokenizer: ("|", wrong_id))
+    redone = prep.prepare(_cfg(tmp_path / "redone", corpus, *extra))
+    train = json.loads((redone / "stats.json").read_text())["per_split"]["train"]
+    assert train["sep_marked_documents"] == train["documents"]
+    a, b = _rows(good), _rows(redone)
+    for split in a:
+        assert a[split].equals(b[split]), split

@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bert_mp.errors import DataError
-from bert_mp.segment import build_splitter, mark_sentences, split_marked_tokens, split_sentences
+from bert_mp.segment import (
+    _BOUNDARY,
+    _mark_rule,
+    build_splitter,
+    mark_sentences,
+    split_marked_tokens,
+    split_sentences,
+)
 
 
 def test_splits_on_sentence_ends_and_blank_lines():
@@ -73,6 +80,24 @@ def test_marked_form_has_the_same_boundaries(text):
     marked = mark_sentences(text, "\x00")
     assert marked.endswith("\x00")
     assert [s.strip() for s in marked.split("\x00") if s.strip()] == split_sentences(text, max_chars=1 << 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([*"ab.!?\"')([] \t\nAZ09", "e.g.", "Dr.", "\n\n", " \n \n "]), max_size=120).map(
+        "".join
+    )
+    | st.text(max_size=500)
+)
+def test_two_pass_marking_equals_one_pass(text):
+    """prepare marks in two passes (sentence ends, then blank lines); the result must equal one
+    pass of the combined boundary pattern, marker count included."""
+    one, n = _BOUNDARY.subn(lambda m: (m.group(1) or "") + "|", text.strip())
+    assert _mark_rule(text, "|") == (one + "|", n + 1)
+    assert (
+        _mark_rule(text, "\\1[SEP]")[0]
+        == _BOUNDARY.sub(lambda m: (m.group(1) or "") + "\\1[SEP]", text.strip()) + "\\1[SEP]"
+    )
 
 
 def test_split_marked_tokens():

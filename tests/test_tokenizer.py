@@ -9,6 +9,7 @@ from bert_mp.errors import DataError
 from bert_mp.tokenizer import (
     SPECIAL_TOKENS,
     encoder,
+    inline_marker,
     load_tokenizer,
     round_vocab_size,
     save_tokenizer,
@@ -76,3 +77,17 @@ def test_load_tokenizer_checks(trained, tmp_path):
     save_tokenizer(trained, tmp_path / "short")
     with pytest.raises(DataError, match="exceeds the tokenizer's model_max_length=64"):
         load_tokenizer(str(tmp_path / "short"), max_seq_length=128)
+
+
+def test_inline_marker_only_where_proven():
+    """The fast sentence marker: a punctuation token of a BERT pre-tokenizer, else None ([SEP])."""
+    from tokenizers import pre_tokenizers
+
+    with_pipe = train_wordpiece(iter([t + " a|b ~" for t in TEXTS]), vocab_size=300)
+    char, mid = inline_marker(with_pipe)
+    assert char == "|" and with_pipe.convert_ids_to_tokens(mid) == "|"
+    # No candidate character in the vocabulary: they would all encode to [UNK].
+    assert inline_marker(train_wordpiece(iter(TEXTS), vocab_size=300)) is None
+    # A pre-tokenizer that does not isolate punctuation: never.
+    with_pipe.backend_tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    assert inline_marker(with_pipe) is None
