@@ -183,10 +183,14 @@ class ModelConfig:
     """Attention kernel: sdpa (default) or eager."""
     sparse_mlm_head: bool = True
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
+    dropout_impl: str = "auto"
+    """Dropout masks: fast (one 64-bit draw per 4 elements, p rounded to 1/32768; see
+    bert_mp/dropout.py) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
 
     def validate(self) -> None:
         _choice(self.preset, "model.preset", ("tiny", "mini", "small", "medium", "base", "large"))
         _choice(self.attn_implementation, "model.attn_implementation", ("sdpa", "eager"))
+        _choice(self.dropout_impl, "model.dropout_impl", ("auto", "torch", "fast"))
         for name in (
             "hidden_size",
             "num_hidden_layers",

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 from bert_mp import checkpoint as ckpt
 from bert_mp.callbacks import StepFacts, TrainContext, build_callbacks, finite_or_none
 from bert_mp.config import Config, config_to_dict, load_config, save_config
+from bert_mp.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.io import JsonlWriter, atomic_write_json, read_jsonl
 from bert_mp.model import PretrainingModel, build_model, parameter_counts
@@ -296,6 +297,9 @@ def train(cfg: Config, data: Any = None) -> dict:
         max_seq_length=int(stats.get("max_seq_length", cfg.data.max_seq_length)),
         pad_token_id=int(data.tokenizer.pad_token_id or 0),
     )
+    dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, accelerator.device)
+    if dropout_impl == "fast":
+        install_fast_dropout(model)
     counts = parameter_counts(model)
     wrapped = PretrainingModel(model, sparse_mlm_head=cfg.model.sparse_mlm_head)
     optimizer = build_optimizer(wrapped, tc, accelerator.device)
@@ -376,7 +380,13 @@ def train(cfg: Config, data: Any = None) -> dict:
         "resumed_from": resumed_from,
         "precision": ctx.precision,
         "versions": library_versions(),
-        "model": {"preset": cfg.model.preset, "config": model.config.to_diff_dict(), "parameters": counts},
+        "model": {
+            "preset": cfg.model.preset,
+            "config": model.config.to_diff_dict(),
+            "parameters": counts,
+            "dropout_impl": dropout_impl,
+            "attn_implementation": model.config._attn_implementation,
+        },
         "batch": {
             "global": tc.global_batch_size,
             "micro": tc.micro_batch_size,

@@ -4,7 +4,10 @@ One run, one machine, one model and batch. The baseline is the obvious loop:
 ``BertForPreTraining(**batch, labels=..., next_sentence_label=...).loss``, ``torch.optim.AdamW``,
 fp32, on batches collated in advance (so it pays nothing for data). bert_mp runs its real training
 loop (``bert_mp.train.train``: data loading, masking, logging and all) on the same examples. Both
-count non-padding tokens and exclude warm-up steps. Prints a table and writes JSON.
+count non-padding tokens and exclude warm-up steps. ``--repeat`` rounds, each measuring the baseline
+and every precision back to back; the median of the per-round ratios is reported. bert_mp runs
+with its defaults (on CPU that includes ``model.dropout_impl=auto`` -> fast dropout). Prints a
+table and writes JSON.
 
     python scripts/bench_train.py --preset mini --seq 128 --micro-batch 32 --steps 8 --warmup 3
 """
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -119,7 +123,7 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
     _reset_accelerate()
     cfg = Config(
         data=DataConfig(max_seq_length=args.seq),
-        model=ModelConfig(preset=args.preset),
+        model=ModelConfig(preset=args.preset, dropout_impl=args.dropout_impl),
         train=TrainConfig(
             output_dir=str(out),
             precision=precision,
@@ -155,6 +159,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per run")
     p.add_argument("--precisions", default="fp32,tf32,bf16,fp16")
+    p.add_argument("--dropout-impl", default="auto", help="bert_mp's model.dropout_impl (auto, fast, torch)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds (median ratio reported)")
     p.add_argument("--out", default="runs/bench_train.json")
     args = p.parse_args()
 
@@ -170,19 +176,55 @@ def main() -> None:
 
     order = epoch_order(n, 42, 0)
     load_before = os.getloadavg()
-    results: dict = {"baseline_hf_fp32": bench_baseline(data, args, order)}
-    base = results["baseline_hf_fp32"]["tokens_per_sec"]
+    precisions = args.precisions.split(",")
+    rounds: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for prec in args.precisions.split(","):
-            try:
-                resolve_precision(prec, device)
-            except HardwareError as e:
-                results[f"bert_mp_{prec}"] = {"skipped": str(e)}
-                continue
-            results[f"bert_mp_{prec}"] = bench_bert_mp(data, args, prec, Path(tmp) / prec)
-    for r in results.values():
-        if "tokens_per_sec" in r:
-            r["ratio_vs_baseline"] = r["tokens_per_sec"] / base
+        for r in range(args.repeat):
+            # Each round measures the baseline and every precision back to back (baseline first in
+            # even rounds, last in odd ones); ratios are taken within a round, so a slow or fast
+            # phase of a shared machine hits both sides of a ratio.
+            res: dict = {}
+            names = ["baseline", *precisions]
+            for name in names if r % 2 == 0 else names[::-1]:
+                if name == "baseline":
+                    res["baseline_hf_fp32"] = bench_baseline(data, args, order)
+                    continue
+                try:
+                    resolve_precision(name, device)
+                except HardwareError as e:
+                    res[f"bert_mp_{name}"] = {"skipped": str(e)}
+                    continue
+                res[f"bert_mp_{name}"] = bench_bert_mp(data, args, name, Path(tmp) / f"{name}_{r}")
+            base = res["baseline_hf_fp32"]["tokens_per_sec"]
+            for v in res.values():
+                if "tokens_per_sec" in v:
+                    v["ratio_vs_baseline"] = v["tokens_per_sec"] / base
+            rounds.append(res)
+            print(
+                f"round {r + 1}/{args.repeat}: "
+                + ", ".join(
+                    f"{k} {v['ratio_vs_baseline']:.2f}x" for k, v in res.items() if "ratio_vs_baseline" in v
+                ),
+                flush=True,
+            )
+    results: dict = {}
+    for name in rounds[0]:
+        runs = [rd[name] for rd in rounds]
+        if "skipped" in runs[0]:
+            results[name] = runs[0]
+            continue
+        ratios = sorted(x["ratio_vs_baseline"] for x in runs)
+        results[name] = {
+            "tokens_per_sec": statistics.median(x["tokens_per_sec"] for x in runs),
+            "step_ms": statistics.median(x["step_ms"] for x in runs),
+            "ratio_vs_baseline": statistics.median(ratios),
+            "ratio_min_max": [ratios[0], ratios[-1]],
+            **{
+                k: v
+                for k, v in runs[0].items()
+                if k not in ("tokens_per_sec", "step_ms", "ratio_vs_baseline")
+            },
+        }
 
     report = {
         "device": device_name(device),
@@ -201,19 +243,25 @@ def main() -> None:
             "micro_batch": args.micro_batch,
             "timed_steps": args.steps,
             "warmup_steps": args.warmup,
+            "bert_mp_dropout_impl": args.dropout_impl,
         },
+        "repeat": args.repeat,
         "results": results,
+        "rounds": rounds,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"device: {report['device']} ({report['cpu_threads']} threads), load avg {load_before[0]:.2f}")
-    print(f"{'run':<20} {'tokens/s':>10} {'step ms':>9} {'x baseline':>11}")
+    print(f"medians of {args.repeat} rounds")
+    print(f"{'run':<20} {'tokens/s':>10} {'step ms':>9} {'x baseline':>11} {'min-max':>12}")
     for name, r in results.items():
         if "skipped" in r:
             print(f"{name:<20} skipped: {r['skipped']}")
         else:
+            lo, hi = r["ratio_min_max"]
             print(
                 f"{name:<20} {r['tokens_per_sec']:>10.0f} {r['step_ms']:>9.1f} {r['ratio_vs_baseline']:>10.2f}x"
+                f" {lo:>6.2f}-{hi:.2f}"
             )
     print(f"wrote {args.out}")
 
