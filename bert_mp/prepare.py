@@ -313,10 +313,19 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     return docs, stats
 
 
-def _length_histogram(lengths: np.ndarray, max_len: int) -> dict[str, int]:
+def _length_summary(column: Any, max_len: int) -> tuple[int, int, dict[str, int]]:
+    """``(examples, tokens, histogram)`` of the example lengths, one Arrow chunk at a time (the
+    column is memory-mapped; a whole-split length array would grow with the corpus)."""
     width = max(1, max_len // 8)
-    counts = np.bincount(np.minimum(lengths, max_len) // width, minlength=max_len // width + 1)
-    return {f"{i * width}-{min(max_len, (i + 1) * width - 1)}": int(c) for i, c in enumerate(counts) if c}
+    counts = np.zeros(max_len // width + 1, dtype=np.int64)
+    n = total = 0
+    for chunk in column.chunks:
+        lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
+        counts += np.bincount(np.minimum(lengths, max_len) // width, minlength=counts.size)
+        n += lengths.size
+        total += int(lengths.sum())
+    hist = {f"{i * width}-{min(max_len, (i + 1) * width - 1)}": int(c) for i, c in enumerate(counts) if c}
+    return n, total, hist
 
 
 def _sum_block_stats(files: list[Path]) -> dict:
@@ -405,15 +414,23 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     pairer = _BlockPairer(docs, tokenizer, data, stats_dir)
     splits = {}
     for s, name in enumerate(SPLITS):
-        rows = {
-            "split": [s] * len(blocks[s]),
-            "block": list(range(len(blocks[s]))),
-            "doc_ids": [b.tolist() for b in blocks[s]],
-        }
-        if not rows["block"]:
+        n_blocks = len(blocks[s])
+        if not n_blocks:
             splits[name] = Dataset(InMemoryTable(_empty_table(data.masking == "static")))
             continue
-        block_ds = Dataset.from_dict(rows).with_format("arrow")
+        # Arrow columns straight from numpy: no Python int per document (memory stays flat)
+        offsets = np.zeros(n_blocks + 1, dtype=np.int32)
+        offsets[1:] = np.cumsum([len(b) for b in blocks[s]])
+        rows = pa.table(
+            {
+                "split": pa.array(np.full(n_blocks, s, dtype=np.int64)),
+                "block": pa.array(np.arange(n_blocks, dtype=np.int64)),
+                "doc_ids": pa.ListArray.from_arrays(
+                    pa.array(offsets), pa.array(np.concatenate(blocks[s]).astype(np.int64))
+                ),
+            }
+        )
+        block_ds = Dataset(InMemoryTable(rows)).with_format("arrow")
         splits[name] = block_ds.map(
             pairer,
             batched=True,
@@ -451,11 +468,9 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
         block_files = sorted(stats_dir.glob(f"{s}_*.json"))
         blk = _sum_block_stats(block_files)
         ds = dd[name]
-        if len(ds):
-            lengths = pc.list_value_length(ds.data.table.column("input_ids")).to_numpy().astype(np.int64)
-        else:
-            lengths = np.zeros(0, np.int64)
-        pairs = len(ds)
+        pairs, example_tokens, histogram = _length_summary(
+            ds.data.table.column("input_ids"), data.max_seq_length
+        )
         entry = {
             "examples": pairs,
             "blocks": len(block_files),
@@ -468,7 +483,7 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
             "sentences_without_tokens": int(blk.get("sentences_without_tokens", 0)),
             "sentences_cut_to_max_length": int(blk.get("sentences_cut_to_max_length", 0)),
             "tokens": int(blk.get("tokens", 0)),
-            "example_tokens": int(lengths.sum()),
+            "example_tokens": example_tokens,
             "nsp": {
                 "random_next": int(blk.get("random_next", 0)),
                 "is_next": pairs - int(blk.get("random_next", 0)),
@@ -478,10 +493,10 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
                 "skipped_single_segment": int(blk.get("skipped_single_segment", 0)),
             },
             "truncated_tokens": int(blk.get("truncated_tokens", 0)),
-            "length_histogram": _length_histogram(lengths, data.max_seq_length),
-            "mean_length": float(lengths.mean()) if pairs else None,
+            "length_histogram": histogram,
+            "mean_length": example_tokens / pairs if pairs else None,
             "padding_fraction_at_max_seq_length": (
-                1.0 - float(lengths.sum()) / (pairs * data.max_seq_length) if pairs else None
+                1.0 - example_tokens / (pairs * data.max_seq_length) if pairs else None
             ),
             "cpu_seconds": blk.get("seconds", {}),
         }

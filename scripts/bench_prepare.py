@@ -90,6 +90,74 @@ def _peak_rss() -> dict:
     }
 
 
+class MemorySampler:
+    """Peak memory of this process tree (itself and every descendant), sampled from
+    ``/proc/<pid>/status`` every ``interval`` seconds while in a ``with`` block.
+
+    ``RssAnon`` is memory the pipeline holds (heap, Python objects, Arrow buffers it built);
+    ``RssFile`` is file pages mapped into the processes (the memory-mapped Arrow caches that
+    ``datasets`` reads): page cache the kernel reclaims under pressure, counted by ``ru_maxrss`` but
+    not a cost that grows the process. The bound that matters is the anonymous one.
+    """
+
+    def __init__(self, interval: float = 0.2):
+        import threading
+
+        self.interval = interval
+        self.peak = {
+            "anon_total": 0,
+            "anon_largest_process": 0,
+            "file_total": 0,
+            "rss_total": 0,
+            "processes": 0,
+        }
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _status(pid: int) -> dict[str, int]:
+        out = {}
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                        k, v = line.split(":", 1)
+                        out[k] = int(v.split()[0]) * 1024
+        except OSError:  # the process ended between listing and reading
+            pass
+        return out
+
+    def sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+        st = [self._status(pid) for pid in pids]
+        anon = [x.get("RssAnon", 0) for x in st]
+        file = sum(x.get("RssFile", 0) + x.get("RssShmem", 0) for x in st)
+        pk = self.peak
+        pk["anon_total"] = max(pk["anon_total"], sum(anon))
+        pk["anon_largest_process"] = max(pk["anon_largest_process"], max(anon))
+        pk["file_total"] = max(pk["file_total"], file)
+        pk["rss_total"] = max(pk["rss_total"], sum(anon) + file)
+        pk["processes"] = max(pk["processes"], len(pids))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> MemorySampler:
+        if os.path.exists("/proc/self/status"):
+            self.sample()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 _ENCODER = None
 
 
@@ -162,7 +230,8 @@ def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: st
         ],
     )
     c0, t0 = _cpu_seconds(), time.perf_counter()
-    path = prepare(cfg, force=True)
+    with MemorySampler() as mem:
+        path = prepare(cfg, force=True)
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0  # map workers are reaped by now
     stats = json.loads((path / "stats.json").read_text())
     return {
@@ -175,6 +244,7 @@ def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: st
         "stage_seconds": stats["seconds"],
         "block_cpu_seconds": stats["per_split"]["train"]["cpu_seconds"],
         "peak_rss": _peak_rss(),
+        "memory_peaks_bytes": mem.peak,
     }
 
 
@@ -208,6 +278,11 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/prepare_work"))
     p.add_argument("--out", type=Path, default=Path("runs/bench/prepare.json"))
     p.add_argument("--repeat", type=int, default=3, help="measured pairs per num_proc (median reported)")
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="skip tokenize-only (memory-scaling runs: peak memory only)",
+    )
     p.add_argument("--extra", nargs="*", default=[], help="extra data.* overrides for prepare")
     p.add_argument("--child", choices=["prepare", "tokenize"], help=argparse.SUPPRESS)
     p.add_argument("--child-num-proc", type=int, help=argparse.SUPPRESS)
@@ -236,8 +311,11 @@ def main() -> None:
         trials = []
         for r in range(args.repeat):
             order = ("tokenize", "prepare") if r % 2 == 0 else ("prepare", "tokenize")
+            if args.prepare_only:
+                order = ("prepare",)
             got = {kind: run_child(kind, args, files, tokenizer, n) for kind in order}
-            tok, prep = got["tokenize"], got["prepare"]
+            prep = got["prepare"]
+            tok = got.get("tokenize") or {"tokens_per_sec": float("nan"), "tokens_per_cpu_sec": float("nan")}
             trial = {
                 "order": list(order),
                 "tokenize_only": tok,
@@ -277,6 +355,7 @@ def main() -> None:
         "cpu ratio",
         "prep s",
         "peak RSS MB",
+        "anon peak MB",
     )
     print("  ".join(f"{h:>14}" for h in head))
     for r in rows:
@@ -289,6 +368,7 @@ def main() -> None:
             f"{r['cpu_ratio']:.2f}",
             f"{r['prepare']['seconds']:.1f}",
             f"{max(r['prepare']['peak_rss'].values()) / 1e6:.0f}",
+            f"{r['prepare']['memory_peaks_bytes']['anon_total'] / 1e6:.0f}",
         )
         print("  ".join(f"{c:>14}" for c in cells))
     import datasets
