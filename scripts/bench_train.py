@@ -63,7 +63,7 @@ def synthetic_prepared(n: int, seq: int, vocab_size: int, model_vocab: int, seed
     ds = Dataset.from_dict(cols)
     stats = {"tokenizer_size": vocab_size, "model_vocab_size": model_vocab, "max_seq_length": seq}
     return SimpleNamespace(
-        dataset=DatasetDict(train=ds, validation=ds.select(range(64))),
+        dataset=DatasetDict(train=ds, validation=ds.select(range(min(64, n)))),
         tokenizer=_tokenizer(vocab_size),
         stats=stats,
         path="",
