@@ -147,6 +147,21 @@ def _doc_rng(seed: int, split: int, dupe: int, doc: int) -> random.Random:
     return random.Random((((seed % 2**64) << 16 | split) << 32 | dupe) << 64 | doc)
 
 
+def take_texts(table: pa.Table, ids: Any) -> list[str]:
+    """``table["text"]`` at the (ascending, clustered) row ``ids``.
+
+    The rows are taken from a zero-copy slice spanning ``min(ids)..max(ids)``: ``Table.take`` on
+    the whole memory-mapped column concatenates every chunk first, which copies the corpus on each
+    call and fails with an offset overflow once the text passes 2 GiB (seen on a 5 GB corpus).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size == 0:
+        return []
+    lo = int(ids.min())
+    window = table.slice(lo, int(ids.max()) - lo + 1)
+    return window.take(pa.array(ids - lo)).column("text").to_pylist()
+
+
 def _empty_table(static: bool) -> pa.Table:
     cols = {
         "input_ids": pa.array([], pa.list_(pa.int32())),
@@ -181,7 +196,7 @@ class _BlockPairer:
         split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
         st: dict[str, Any] = {"documents": len(doc_ids)}
         t0 = time.perf_counter()
-        texts = self.docs.data.table.take(pa.array(doc_ids, pa.int64())).column("text").to_pylist()
+        texts = take_texts(self.docs.data.table, doc_ids)
         # Sentence boundaries become marker tokens: the inline punctuation marker where the
         # tokenizer allows it and the document does not contain it, [SEP] otherwise.
         char, mid = self.inline or (self.sep_token, self.sep_id)
@@ -398,9 +413,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
 
         def train_texts():
             for lo in range(0, len(train_ids), 1000):
-                yield from (
-                    docs.data.table.take(pa.array(train_ids[lo : lo + 1000])).column("text").to_pylist()
-                )
+                yield from take_texts(docs.data.table, train_ids[lo : lo + 1000])
 
         shared = tokenizer_cache_path(data)
         if (shared / "tokenizer.json").is_file() and not force:

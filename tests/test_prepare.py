@@ -426,3 +426,16 @@ def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
     a, b = _rows(good), _rows(redone)
     for split in a:
         assert a[split].equals(b[split]), split
+
+
+def test_take_texts_reads_a_window_of_a_chunked_column():
+    import pyarrow as pa
+
+    texts = [f"doc {i} " + "x" * (i % 7) for i in range(1000)]
+    table = pa.Table.from_batches(
+        [pa.RecordBatch.from_pydict({"text": texts[lo : lo + 64]}) for lo in range(0, 1000, 64)]
+    )
+    assert table.column("text").num_chunks > 10
+    for ids in ([5], [63, 64, 65], list(range(200, 400, 3)), [0, 999], []):
+        assert prep.take_texts(table, ids) == [texts[i] for i in ids]
+    assert prep.take_texts(table, np.array([70, 71, 130])) == [texts[70], texts[71], texts[130]]
