@@ -75,6 +75,9 @@ class FastDropout(nn.Dropout):
 
 
 def _attention_with_fast_dropout(base: str):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
     def attention(
         module: nn.Module,
         query: torch.Tensor,
@@ -85,9 +88,6 @@ def _attention_with_fast_dropout(base: str):
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-        from transformers.models.bert.modeling_bert import eager_attention_forward
-
         if not module.training or effective_p(dropout) == 0.0:
             fn = ALL_ATTENTION_FUNCTIONS.get_interface(base, eager_attention_forward)
             return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
