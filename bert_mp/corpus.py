@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from bert_mp.config import DataConfig
@@ -240,7 +240,11 @@ def _read_hub(cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
 _FILE_READERS = {"text": _read_text_file, "jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
 
 
-def _raw_documents(cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
+def is_file_source(cfg: DataConfig) -> bool:
+    return cfg.source in _FILE_READERS
+
+
+def _raw_documents(cfg: DataConfig, stats: ReadStats, paths: list[Path] | None) -> Iterator[str]:
     if cfg.source == "builtin":
         from bert_mp.builtin_corpus import builtin_documents
 
@@ -250,7 +254,7 @@ def _raw_documents(cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
         yield from _read_hub(cfg, stats)
     else:
         reader = _FILE_READERS[cfg.source]
-        for path in resolve_paths(cfg.paths):
+        for path in resolve_paths(cfg.paths) if paths is None else paths:
             stats.files += 1
             try:
                 yield from reader(path, cfg, stats)
@@ -258,11 +262,14 @@ def _raw_documents(cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
                 raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
-def iter_documents(cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
-    """Non-empty documents of the configured source, at most ``max_documents``; counts in ``stats``."""
+def iter_documents(cfg: DataConfig, stats: ReadStats, paths: list[Path] | None = None) -> Iterator[str]:
+    """Non-empty documents of the configured source, at most ``max_documents``; counts in ``stats``.
+
+    ``paths``: for a file source, read these files (already resolved) instead of ``cfg.paths``.
+    """
     _replaced[0] = 0
     try:
-        for text in _raw_documents(cfg, stats):
+        for text in _raw_documents(cfg, stats, paths):
             if cfg.max_documents is not None and stats.documents_read >= cfg.max_documents:
                 break
             stats.documents_read += 1
@@ -273,6 +280,20 @@ def iter_documents(cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
     finally:
         stats.invalid_utf8_replaced += _replaced[0]
         _replaced[0] = 0
+
+
+def merge_read_stats(parts: list[ReadStats]) -> ReadStats:
+    """Counts of several readers (in file order) as one: sums, the first problem, all empty files."""
+    out = ReadStats()
+    for p in parts:
+        for f in fields(ReadStats):
+            v = getattr(p, f.name)
+            if isinstance(v, int):
+                setattr(out, f.name, getattr(out, f.name) + v)
+        out.files_empty.extend(p.files_empty)
+        if out.first_problem is None:
+            out.first_problem = p.first_problem
+    return out
 
 
 def describe_source(cfg: DataConfig) -> str:

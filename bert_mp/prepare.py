@@ -14,6 +14,7 @@ that would be reused.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -29,7 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bert_mp.config import Config, DataConfig, load_config, save_config
-from bert_mp.corpus import ReadStats, describe_source, iter_documents
+from bert_mp.corpus import (
+    ReadStats,
+    describe_source,
+    is_file_source,
+    iter_documents,
+    merge_read_stats,
+    resolve_paths,
+)
 from bert_mp.errors import DataError
 from bert_mp.io import atomic_write_json
 from bert_mp.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
@@ -194,6 +202,8 @@ class _BlockPairer:
 
     def _block(self, row: dict) -> pa.Table:
         split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
+        if block == _PAD:  # a no-op row that evens out the workers' lanes (_pair_blocks)
+            return _empty_table(self.spec is not None)
         st: dict[str, Any] = {"documents": len(doc_ids)}
         t0 = time.perf_counter()
         texts = take_texts(self.docs.data.table, doc_ids)
@@ -262,6 +272,7 @@ class _BlockPairer:
                 }
             )
         t4 = time.perf_counter()
+        st["examples"] = table.num_rows
         st["seconds"] = {
             "read_and_mark": t1 - t0,
             "tokenize": t2 - t1,
@@ -291,35 +302,57 @@ class _BlockPairer:
 
 
 def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
-    """The corpus as a one-column (``text``) Arrow-backed Dataset; counts in ReadStats."""
+    """The corpus as a one-column (``text``) Arrow-backed Dataset; counts in ReadStats.
+
+    Files are read by up to ``num_proc`` processes, each a contiguous run of the file list
+    (``from_generator`` shards list arguments that way and keeps their order, so the documents
+    and their indices are the same for any ``num_proc``). Each reader leaves its counts (and its
+    error, if it fails) in a file, since they happen in another process.
+    """
     from datasets import Dataset, Features, NamedSplit, Value
 
-    stats = ReadStats()
-    failure: list[BaseException] = []
+    out_dir = work / "read"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[int, str | None]] = [(0, None)]
+    if is_file_source(data):
+        files = [(i, str(p)) for i, p in enumerate(resolve_paths(data.paths))]
+    # max_documents counts across all files: one reader then
+    jobs = min(data.num_proc, len(files)) if data.max_documents is None else 1
 
-    def generate():
+    def generate(files: list[tuple[int, str | None]]):
+        first = files[0][0]
+        stats = ReadStats()
+        paths = None if files[0][1] is None else [Path(p) for _, p in files]
         try:
-            for text in iter_documents(data, stats):
+            for text in iter_documents(data, stats, paths):
                 yield {"text": text}
-        except Exception as e:  # datasets wraps generator errors; keep ours to re-raise as is
-            failure.append(e)
+        except DataError as e:  # datasets wraps generator errors; keep ours to re-raise as is
+            (out_dir / f"{first:08d}.error").write_text(str(e), encoding="utf-8")
             raise
+        finally:
+            atomic_write_json(out_dir / f"{first:08d}.json", asdict(stats))
 
+    docs = error = None
     try:
         docs = Dataset.from_generator(
             generate,
+            gen_kwargs={"files": files},
+            num_proc=jobs if jobs > 1 else None,
             features=Features({"text": Value("string")}),
             cache_dir=str(work / "documents"),
             split=NamedSplit("documents"),  # the progress bar then reads "Generating documents split"
             fingerprint=f"documents-{data.cache_key()}",
         )
-    except Exception:
-        if failure:
-            raise failure[0] from None
-        if stats.documents_kept == 0:
-            docs = None
-        else:
-            raise
+    except Exception as e:
+        error = e
+    errors = sorted(out_dir.glob("*.error"))
+    if errors:
+        raise DataError(errors[0].read_text(encoding="utf-8")) from None
+    stats = merge_read_stats(
+        [ReadStats(**json.loads(f.read_text(encoding="utf-8"))) for f in sorted(out_dir.glob("*.json"))]
+    )
+    if error is not None and stats.documents_kept > 0:
+        raise error
     if docs is None or len(docs) == 0:
         detail = f"{stats.documents_read} read, {stats.dropped_empty} empty"
         if stats.records_without_text:
@@ -383,10 +416,112 @@ def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
     tmp.rename(path)
 
 
+def balance_lanes(costs: list[int], lanes: int) -> list[list[int]]:
+    """Items (by index) spread over ``lanes`` so the largest lane total is small: longest first,
+    each to the lane with the least so far (LPT; within 4/3 of the best). Each lane lists its items
+    in ascending order."""
+    totals = [0] * lanes
+    out: list[list[int]] = [[] for _ in range(lanes)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        lane = min(range(lanes), key=lambda k: (totals[k], k))
+        totals[lane] += costs[i]
+        out[lane].append(i)
+    return [sorted(x) for x in out]
+
+
+_PAD = -1
+
+
+def _pair_blocks(
+    pairer: _BlockPairer, blocks: dict[int, list[np.ndarray]], chars: np.ndarray, data: DataConfig, work: Path
+) -> dict:
+    """Every block of both splits through one ``datasets.map``; returns the split datasets.
+
+    ``map(num_proc=N)`` gives worker k the k-th contiguous 1/N of the rows. With a few dozen
+    blocks of ~equal size that split can leave one worker a whole block behind (13 against 12
+    blocks: 8% of the wall time), so the rows are laid out as N equal-length lanes, each a
+    cost-balanced set of blocks (:func:`balance_lanes`, cost = characters) padded with no-op
+    rows, and a small validation split runs beside the training blocks. The examples come back
+    in lane order and are put back in (split, block) order, so the rows are the same for any
+    ``num_proc``; that only relies on ``map`` keeping row order, and the balance on its sharding.
+    """
+    from datasets import Dataset, concatenate_datasets
+    from datasets.table import InMemoryTable
+
+    keys = [(s, b) for s in range(len(SPLITS)) for b in range(len(blocks[s]))]
+    if not keys:
+        empty = Dataset(InMemoryTable(_empty_table(data.masking == "static")))
+        return {name: empty for name in SPLITS}
+    num_proc = min(data.num_proc, len(keys))
+    if num_proc > 1:
+        costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
+        lanes = balance_lanes(costs, num_proc)
+        width = max(map(len, lanes))
+        order = [i for lane in lanes for i in lane + [_PAD] * (width - len(lane))]
+    else:
+        order = list(range(len(keys)))
+    real = [i for i in order if i != _PAD]
+    doc_ids = [blocks[keys[i][0]][keys[i][1]] if i != _PAD else np.zeros(0, np.int64) for i in order]
+    offsets = np.zeros(len(order) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum([len(d) for d in doc_ids])
+    # Arrow columns straight from numpy: no Python int per document (memory stays flat)
+    rows = pa.table(
+        {
+            "split": pa.array(np.array([keys[i][0] if i != _PAD else _PAD for i in order], dtype=np.int64)),
+            "block": pa.array(np.array([keys[i][1] if i != _PAD else _PAD for i in order], dtype=np.int64)),
+            "doc_ids": pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(np.concatenate(doc_ids).astype(np.int64))
+            ),
+        }
+    )
+    counts = " + ".join(f"{len(blocks[s])} {name}" for s, name in enumerate(SPLITS))
+    paired = (
+        Dataset(InMemoryTable(rows))
+        .with_format("arrow")
+        .map(
+            pairer,
+            batched=True,
+            batch_size=1,
+            num_proc=num_proc if num_proc > 1 else None,
+            remove_columns=["split", "block", "doc_ids"],
+            cache_file_name=str(work / "pairs.arrow"),
+            load_from_cache_file=False,
+            new_fingerprint=f"pairs-{data.cache_key()}",
+            desc=f"pairing ({counts} blocks)",
+        )
+        .with_format(None)
+    )
+    # examples per block (from the block statistics), then each block's rows in (split, block) order
+    examples = np.zeros(len(keys), dtype=np.int64)
+    for i, (s, b) in enumerate(keys):
+        examples[i] = json.loads((pairer.stats_dir / f"{s}_{b:08d}.json").read_text(encoding="utf-8"))[
+            "examples"
+        ]
+    if int(examples.sum()) != len(paired):
+        raise RuntimeError(
+            f"pairing wrote {len(paired)} rows but the block statistics count {int(examples.sum())}"
+        )
+    # each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
+    # block order (an index mapping would copy every row again when the dataset is saved)
+    start = np.zeros(len(keys), dtype=np.int64)
+    start[real] = np.concatenate([[0], np.cumsum(examples[real])[:-1]])
+    out = {}
+    for s, name in enumerate(SPLITS):
+        mine = [i for i, k in enumerate(keys) if k[0] == s and examples[i]]
+        if not mine:
+            out[name] = paired.select(range(0))
+        elif all(start[j] == start[i] + examples[i] for i, j in itertools.pairwise(mine)):
+            out[name] = paired.select(range(start[mine[0]], start[mine[-1]] + examples[mine[-1]]))
+        else:
+            out[name] = concatenate_datasets(
+                [paired.select(range(start[i], start[i] + examples[i])) for i in mine]
+            )
+    return out
+
+
 def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     """Build the whole prepared folder at ``out``; returns the stats."""
-    from datasets import Dataset, DatasetDict
-    from datasets.table import InMemoryTable
+    from datasets import DatasetDict
 
     data = cfg.data
     work = out / "work"
@@ -425,36 +560,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
 
     t = time.perf_counter()
     pairer = _BlockPairer(docs, tokenizer, data, stats_dir)
-    splits = {}
-    for s, name in enumerate(SPLITS):
-        n_blocks = len(blocks[s])
-        if not n_blocks:
-            splits[name] = Dataset(InMemoryTable(_empty_table(data.masking == "static")))
-            continue
-        # Arrow columns straight from numpy: no Python int per document (memory stays flat)
-        offsets = np.zeros(n_blocks + 1, dtype=np.int32)
-        offsets[1:] = np.cumsum([len(b) for b in blocks[s]])
-        rows = pa.table(
-            {
-                "split": pa.array(np.full(n_blocks, s, dtype=np.int64)),
-                "block": pa.array(np.arange(n_blocks, dtype=np.int64)),
-                "doc_ids": pa.ListArray.from_arrays(
-                    pa.array(offsets), pa.array(np.concatenate(blocks[s]).astype(np.int64))
-                ),
-            }
-        )
-        block_ds = Dataset(InMemoryTable(rows)).with_format("arrow")
-        splits[name] = block_ds.map(
-            pairer,
-            batched=True,
-            batch_size=1,
-            num_proc=min(data.num_proc, len(blocks[s])) if data.num_proc > 1 else None,
-            remove_columns=["split", "block", "doc_ids"],
-            cache_file_name=str(work / f"{name}.arrow"),
-            load_from_cache_file=False,
-            new_fingerprint=f"pairs-{data.cache_key()}-{name}",
-            desc=f"pairing {name} ({len(blocks[s])} blocks)",
-        ).with_format(None)
+    splits = _pair_blocks(pairer, blocks, chars, data, work)
     timings["split_tokenize_pair"] = time.perf_counter() - t
 
     if len(splits["train"]) == 0:

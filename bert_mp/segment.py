@@ -17,6 +17,7 @@ tokenizer handles without its slower special-token pass.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 from collections.abc import Callable
 
@@ -93,12 +94,13 @@ def mark_sentences(text: str, marker: str) -> str:
 
 
 def _mark_rule(text: str, marker: str) -> tuple[str, int]:
-    # A template, not a function, as replacement: no Python call per boundary. An unmatched group
-    # (the blank-line alternative) substitutes as the empty string.
-    literal = marker.replace("\\", "\\\\")
-    marked, n = _SENTENCE_END_RE.subn("\\g<1>" + literal, text.strip())
-    marked, m = _BLANK_RE.subn(literal, marked)
-    return marked + marker, n + m + 1
+    # Split at sentence ends and join with the marker: every step runs in C. (A substitution
+    # template with the group reference expands in Python once per boundary before Python 3.12,
+    # ~40% slower.) parts = [text, punctuation, text, punctuation, ..., text].
+    parts = _SENTENCE_END_RE.split(text.strip())
+    marked = marker.join([*map(operator.add, parts[0:-1:2], parts[1::2]), parts[-1]])
+    marked, m = _BLANK_RE.subn(marker.replace("\\", "\\\\"), marked)  # a literal template
+    return marked + marker, len(parts) // 2 + m + 1
 
 
 def _optional_splitter(name: str) -> Callable[[str], list[str]]:

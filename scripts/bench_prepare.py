@@ -212,8 +212,12 @@ def child_tokenize(files: list[str], tokenizer: str, num_proc: int) -> dict:
 
 
 def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: str, extra: list[str]) -> dict:
-    import datasets  # noqa: F401  (library imports are not the pipeline's work: not timed)
+    # Library imports are not the pipeline's work: not timed. AutoTokenizer pulls in torch (1-2 s),
+    # which is most of what loading a tokenizer costs in a fresh process; tokenize-only loads its
+    # tokenizer in the workers' initializer, untimed, so prepare is still charged for more.
+    import datasets  # noqa: F401
     import transformers  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
 
     from bert_mp.config import load_config
     from bert_mp.prepare import prepare

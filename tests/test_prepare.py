@@ -439,3 +439,72 @@ def test_take_texts_reads_a_window_of_a_chunked_column():
     for ids in ([5], [63, 64, 65], list(range(200, 400, 3)), [0, 999], []):
         assert prep.take_texts(table, ids) == [texts[i] for i in ids]
     assert prep.take_texts(table, np.array([70, 71, 130])) == [texts[70], texts[71], texts[130]]
+
+
+def _multi_file_corpus(folder: Path) -> Path:
+    folder.mkdir()
+    for i in range(5):
+        write_corpus(folder / f"part-{i}.txt", n_docs=30, seed=10 + i)
+    (folder / "part-5-empty.txt").write_text("")
+    (folder / "part-6-latin1.txt").write_bytes("Caf\xe9 cr\xe8me. Na\xefve text.\r\n\r\nTwo. Yes.".encode("latin-1"))
+    return folder
+
+
+def test_parallel_read_gives_the_same_documents_rows_and_counts(tmp_path, prepared, monkeypatch):
+    from datasets import Dataset
+
+    jobs = []
+    original = Dataset.from_generator
+
+    def spy(*args, **kwargs):
+        jobs.append(kwargs.get("num_proc"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(Dataset, "from_generator", spy)
+    folder = _multi_file_corpus(tmp_path / "many")
+    extra = (f"data.tokenizer={prepared.path / 'tokenizer'}", "data.pairing_block_chars=3000")
+    one = prep.prepare(_cfg(tmp_path / "one", folder, *extra, "data.num_proc=1"))
+    three = prep.prepare(_cfg(tmp_path / "three", folder, *extra, "data.num_proc=3"))
+    assert jobs == [None, 3]  # the second run really read in three processes
+    a, b = _rows(one), _rows(three)
+    for split in a:
+        assert a[split].num_rows > 0 and a[split].equals(b[split]), split
+    sa, sb = (json.loads((p / "stats.json").read_text())["documents"] for p in (one, three))
+    assert sa == sb
+    assert sa["files"] == 7 and sa["files_empty"] == [str(folder / "part-5-empty.txt")]
+    assert sa["invalid_utf8_replaced"] == 3 and sa["documents_kept"] == 152
+
+
+def test_parallel_read_error_names_the_file(tmp_path, prepared):
+    folder = _multi_file_corpus(tmp_path / "many")
+    cfg = _cfg(
+        tmp_path,
+        folder,
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+        "data.encoding_errors=strict",
+        "data.num_proc=2",
+    )
+    with pytest.raises(DataError, match=r"part-6-latin1\.txt.*invalid UTF-8"):
+        prep.prepare(cfg)
+    assert not any((tmp_path / "cache").glob(".tmp-*"))  # nothing half-built left behind
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 4])
+def test_balance_lanes_spreads_cost_and_keeps_every_item_once(lanes):
+    rng = random.Random(lanes)
+    for _ in range(50):
+        costs = [rng.randint(1, 100) for _ in range(rng.randint(1, 30))]
+        out = prep.balance_lanes(costs, lanes)
+        assert len(out) == lanes and sorted(i for lane in out for i in lane) == list(range(len(costs)))
+        assert all(lane == sorted(lane) for lane in out)
+        loads = [sum(costs[i] for i in lane) for lane in out]
+        best = max(max(costs), -(-sum(costs) // lanes))  # a lower bound on the best possible maximum
+        assert max(loads) <= best * 4 / 3 + max(costs) / 3  # LPT's guarantee, with slack for the bound
+
+
+def test_balance_lanes_puts_the_small_block_beside_half_the_big_ones():
+    # 24 training blocks of ~equal size and a small validation block on 2 workers: 12 + small and
+    # 12, not the 13 and 12 of a contiguous split
+    out = prep.balance_lanes([2_000_000] * 24 + [900_000], 2)
+    assert sorted(len(lane) for lane in out) == [12, 13]
+    assert 24 in next(lane for lane in out if len(lane) == 13)
