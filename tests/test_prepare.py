@@ -446,7 +446,9 @@ def _multi_file_corpus(folder: Path) -> Path:
     for i in range(5):
         write_corpus(folder / f"part-{i}.txt", n_docs=30, seed=10 + i)
     (folder / "part-5-empty.txt").write_text("")
-    (folder / "part-6-latin1.txt").write_bytes("Caf\xe9 cr\xe8me. Na\xefve text.\r\n\r\nTwo. Yes.".encode("latin-1"))
+    (folder / "part-6-latin1.txt").write_bytes(
+        "Caf\xe9 cr\xe8me. Na\xefve text.\r\n\r\nTwo. Yes.".encode("latin-1")
+    )
     return folder
 
 
