@@ -453,21 +453,21 @@ def _multi_file_corpus(folder: Path) -> Path:
 
 
 def test_parallel_read_gives_the_same_documents_rows_and_counts(tmp_path, prepared, monkeypatch):
-    from datasets import Dataset
+    groups = []
+    original = prep._file_groups
 
-    jobs = []
-    original = Dataset.from_generator
+    def spy(paths, jobs):
+        groups.append(original(paths, jobs))
+        return groups[-1]
 
-    def spy(*args, **kwargs):
-        jobs.append(kwargs.get("num_proc"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(Dataset, "from_generator", spy)
+    monkeypatch.setattr(prep, "_file_groups", spy)
     folder = _multi_file_corpus(tmp_path / "many")
     extra = (f"data.tokenizer={prepared.path / 'tokenizer'}", "data.pairing_block_chars=3000")
     one = prep.prepare(_cfg(tmp_path / "one", folder, *extra, "data.num_proc=1"))
     three = prep.prepare(_cfg(tmp_path / "three", folder, *extra, "data.num_proc=3"))
-    assert jobs == [None, 3]  # the second run really read in three processes
+    # only the second run read in parallel: three contiguous runs of files, all files once, in order
+    assert len(groups) == 1 and len(groups[0]) == 3
+    assert [f for g in groups[0] for f in g] == [str(p) for p in sorted(folder.iterdir())]
     a, b = _rows(one), _rows(three)
     for split in a:
         assert a[split].num_rows > 0 and a[split].equals(b[split]), split
@@ -510,3 +510,17 @@ def test_balance_lanes_puts_the_small_block_beside_half_the_big_ones():
     out = prep.balance_lanes([2_000_000] * 24 + [900_000], 2)
     assert sorted(len(lane) for lane in out) == [12, 13]
     assert 24 in next(lane for lane in out if len(lane) == 13)
+
+
+def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
+    sizes = [100, 100, 100, 100, 1000, 50, 50, 500]
+    paths = []
+    for i, n in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(b"x" * n)
+    for jobs in (1, 2, 3, 8, 20):
+        groups = prep._file_groups(paths, jobs)
+        assert [f for g in groups for f in g] == [str(p) for p in paths]
+        assert 1 <= len(groups) <= min(jobs, len(paths)) and all(groups)
+    two = prep._file_groups(paths, 2)
+    assert [len(g) for g in two] == [5, 3]  # 1400 bytes then 600: the cut after the big file
