@@ -18,6 +18,7 @@ randoms seen so far in the block, so the expected share of random pairs stays ``
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -131,47 +132,45 @@ def document_pairs(
     if rng.random() < params.short_seq_prob:
         target = 2 + _below(rng, max_tokens - 1)
     out = []
-    chunk_start = i = first
-    chunk_len = 0
-    while i < last:
-        chunk_len += sent_bounds[i + 1] - sent_bounds[i]
-        if i == last - 1 or chunk_len >= target:
-            n_seg = i + 1 - chunk_start
-            a_end_sent = chunk_start + (1 + _below(rng, n_seg - 1) if n_seg >= 2 else 1)
-            a0, a1 = sent_bounds[chunk_start], sent_bounds[a_end_sent]
-            forced = n_seg == 1
-            want_random = forced or rng.random() < balance.free_random_prob()
-            if want_random and n_docs < 2:
-                if forced:
-                    stats.skipped_single_segment += 1
-                    chunk_start, chunk_len, i = i + 1, 0, i + 1
-                    continue
-                stats.no_other_document += 1
-                want_random = False
-            if want_random:
-                other = _below(rng, n_docs - 1)
-                other += other >= doc
-                o_first, o_last = doc_sents[other], doc_sents[other + 1]
-                s = o_first + _below(rng, o_last - o_first)
-                b0 = sent_bounds[s]
-                target_b = target - (a1 - a0)
-                while s < o_last - 1 and sent_bounds[s + 1] - b0 < target_b:
-                    s += 1
-                b1 = sent_bounds[s + 1]
-                i = a_end_sent - 1  # the chunk's unused segments go back for the next chunk
-                label = 1
-            else:
-                b0, b1 = a1, sent_bounds[i + 1]
-                label = 0
-            af, ab, bf, bb = truncation_amounts(a1 - a0, b1 - b0, max_tokens, rng)
-            out.append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
-            balance.record(forced, label)
-            stats.pairs += 1
-            stats.random_next += label
-            stats.forced_random += int(forced)
-            stats.truncated_tokens += af + ab + bf + bb
-            chunk_start, chunk_len = i + 1, 0
-        i += 1
+    chunk_start = first
+    while chunk_start < last:
+        # the chunk ends at the first sentence that brings it to the target length, or at the
+        # document's last sentence (a binary search on the sentence offsets, not a walk)
+        i = bisect_left(sent_bounds, sent_bounds[chunk_start] + target, chunk_start + 1, last) - 1
+        n_seg = i + 1 - chunk_start
+        a_end_sent = chunk_start + (1 + _below(rng, n_seg - 1) if n_seg >= 2 else 1)
+        a0, a1 = sent_bounds[chunk_start], sent_bounds[a_end_sent]
+        forced = n_seg == 1
+        want_random = forced or rng.random() < balance.free_random_prob()
+        if want_random and n_docs < 2:
+            if forced:
+                stats.skipped_single_segment += 1
+                chunk_start = i + 1
+                continue
+            stats.no_other_document += 1
+            want_random = False
+        if want_random:
+            other = _below(rng, n_docs - 1)
+            other += other >= doc
+            o_first, o_last = doc_sents[other], doc_sents[other + 1]
+            s = o_first + _below(rng, o_last - o_first)
+            b0 = sent_bounds[s]
+            # B runs to the first sentence that brings it to target - len(A), or the document's end
+            s = bisect_left(sent_bounds, b0 + target - (a1 - a0), s + 1, o_last) - 1
+            b1 = sent_bounds[s + 1]
+            i = a_end_sent - 1  # the chunk's unused segments go back for the next chunk
+            label = 1
+        else:
+            b0, b1 = a1, sent_bounds[i + 1]
+            label = 0
+        af, ab, bf, bb = truncation_amounts(a1 - a0, b1 - b0, max_tokens, rng)
+        out.append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
+        balance.record(forced, label)
+        stats.pairs += 1
+        stats.random_next += label
+        stats.forced_random += int(forced)
+        stats.truncated_tokens += af + ab + bf + bb
+        chunk_start = i + 1
     return out
 
 

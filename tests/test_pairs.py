@@ -174,3 +174,72 @@ def test_properties_on_arbitrary_documents(docs, max_seq_length, short, seed):
         k = ids.index(SEP)
         assert k >= 2 and tt == [0] * (k + 1) + [1] * (len(ids) - k - 1)
         assert set(ids[1:k]) | set(ids[k + 1 : -1]) <= {t for d in docs for s in d for t in s}
+
+
+def _walk_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats):
+    """The pairing loop written as the reference walks it, one sentence at a time; the library
+    finds chunk and B ends by binary search and must consume the RNG and decide identically."""
+    from bert_mp.pairs import _below
+
+    first, last = doc_sents[doc], doc_sents[doc + 1]
+    n_docs = len(doc_sents) - 1
+    target = params.max_num_tokens
+    if rng.random() < params.short_seq_prob:
+        target = 2 + _below(rng, params.max_num_tokens - 1)
+    out, chunk_start, i, chunk_len = [], first, first, 0
+    while i < last:
+        chunk_len += sent_bounds[i + 1] - sent_bounds[i]
+        if i == last - 1 or chunk_len >= target:
+            n_seg = i + 1 - chunk_start
+            a_end = chunk_start + (1 + _below(rng, n_seg - 1) if n_seg >= 2 else 1)
+            a0, a1 = sent_bounds[chunk_start], sent_bounds[a_end]
+            forced = n_seg == 1
+            want_random = forced or rng.random() < balance.free_random_prob()
+            if want_random and n_docs < 2:
+                if forced:
+                    stats.skipped_single_segment += 1
+                    chunk_start, chunk_len, i = i + 1, 0, i + 1
+                    continue
+                stats.no_other_document += 1
+                want_random = False
+            if want_random:
+                other = _below(rng, n_docs - 1)
+                other += other >= doc
+                o_first, o_last = doc_sents[other], doc_sents[other + 1]
+                s = o_first + _below(rng, o_last - o_first)
+                b0 = sent_bounds[s]
+                while s < o_last - 1 and sent_bounds[s + 1] - b0 < target - (a1 - a0):
+                    s += 1
+                b1, i, label = sent_bounds[s + 1], a_end - 1, 1
+            else:
+                b0, b1, label = a1, sent_bounds[i + 1], 0
+            af, ab, bf, bb = truncation_amounts(a1 - a0, b1 - b0, params.max_num_tokens, rng)
+            out.append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
+            balance.record(forced, label)
+            stats.pairs += 1
+            stats.random_next += label
+            stats.forced_random += int(forced)
+            stats.truncated_tokens += af + ab + bf + bb
+            chunk_start, chunk_len = i + 1, 0
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chunk_search_matches_the_sentence_walk(seed):
+    from bert_mp.pairs import PairParams, PairStats, document_pairs
+
+    rng = random.Random(seed)
+    n_docs = rng.choice([1, 2, 5, 40])
+    sents_per_doc = [rng.randint(1, 30) for _ in range(n_docs)]
+    lengths = [rng.choice([1, 2, 5, 20, 60, 200]) for _ in range(sum(sents_per_doc))]
+    sent_bounds = [0, *np.cumsum(lengths).tolist()]
+    doc_sents = [0, *np.cumsum(sents_per_doc).tolist()]
+    params = PairParams(rng.choice([5, 29, 125, 509]), short_seq_prob=0.3, nsp_random_prob=0.5)
+    got, want = [], []
+    for fn, out in ((document_pairs, got), (_walk_pairs, want)):
+        r, balance, stats = random.Random(seed), NspBalance(0.5), PairStats()
+        for d in range(n_docs):
+            out.extend(fn(d, sent_bounds, doc_sents, params, r, balance, stats))
+        out.append(vars(stats))
+    assert len(got) > 1 and got == want
