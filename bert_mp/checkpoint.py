@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,28 @@ from bert_mp.io import atomic_write_json
 MARKER = "COMPLETE"
 LOOP_STATE = "loop_state.json"
 _NAME = re.compile(r"^step_(\d{8})$")
+
+PAUSE_ENV = "BERT_MP_CHECKPOINT_PAUSE"
+"""Fault-drill hook: ``<step>:<stage>:<ready file>`` makes the write of checkpoint ``step`` stop at
+``stage`` (one of :data:`WRITE_STAGES`), create the ready file and wait there, so that a drill's
+SIGKILL lands inside the write deterministically instead of by racing a poll loop."""
+WRITE_STAGES = ("empty", "state", "loop_state", "marker")
+"""Points inside a write: folder created; model/optimizer/RNG saved; loop_state.json; marker, not renamed."""
+_PAUSE_LIMIT_S = 600.0
+
+
+def _pause_point(step: int, stage: str) -> None:
+    """Wait at ``stage`` of step ``step``'s write when :data:`PAUSE_ENV` asks for it (drills only)."""
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
+        return
+    want_step, want_stage, ready = spec.split(":", 2)
+    if int(want_step) != step or want_stage != stage:
+        return
+    Path(ready).write_text(f"{step}:{stage}\n", encoding="utf-8")
+    deadline = time.monotonic() + _PAUSE_LIMIT_S  # never hang a run whose drill went away
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def checkpoint_name(step: int) -> str:
@@ -118,14 +141,18 @@ def save_checkpoint(accelerator: Any, ckpt_dir: Path, step: int, loop_state: dic
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+            _pause_point(step, "empty")
         accelerator.wait_for_everyone()
         with _quiet_tied_weights():
             accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            _pause_point(step, "state")
             atomic_write_json(tmp / LOOP_STATE, loop_state)
+            _pause_point(step, "loop_state")
             write_marker(tmp)
             _fsync_dir(tmp)
+            _pause_point(step, "marker")
             if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
                 shutil.rmtree(final)
             os.replace(tmp, final)

@@ -507,6 +507,22 @@ class FinetuneConfig:
         _range(self.eval_every, "finetune.eval_every", 0)
 
 
+# --------------------------------------------------------------------------------------------------
+# hardware
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class HardwareConfig:
+    """What to do where the hardware lacks a precision; read by train, finetune and sweep alike."""
+
+    allow_emulated: bool = False
+    """Run bf16 / fp16 on a CPU without native support (no AVX512-BF16/AMX, no AVX512-FP16/AMX-FP16)
+    through torch's emulation, with a warning: the numerics of the mode at ~10-70x the fp32 matmul
+    cost. Off: such a precision is refused (a sweep skips it). No effect on GPUs or native CPUs."""
+
+    def validate(self) -> None:
+        pass
+
+
 @dataclass
 class Config:
     """The whole tree. Every command reads the sections it needs."""
@@ -516,6 +532,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def validate(self) -> None:
         for f in fields(self):

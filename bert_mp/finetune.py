@@ -285,7 +285,12 @@ def run_finetune(cfg: Config) -> dict[str, Any]:
     # A precision the hardware lacks fails here too, before any data work.
     # Without CUDA, say so explicitly: Accelerate then uses gloo for multi-process CPU launches.
     cpu = not torch.cuda.is_available()
-    plan = resolve_precision(ft.precision, PartialState(cpu=cpu).device)
+    plan = resolve_precision(
+        ft.precision,
+        PartialState(cpu=cpu).device,
+        allow_emulated=cfg.hardware.allow_emulated,
+        key="finetune.precision",
+    )
 
     # ---- data ------------------------------------------------------------------------------------
     task: TaskData = load_task(ft)

@@ -4,7 +4,7 @@ Nothing else in bert_mp branches on the precision name: the training loop asks t
 autocast context, a scaler and the ``mixed_precision`` value for Accelerate, and records
 ``describe()`` (read back from torch after the flags were applied) in ``summary.json``.
 
-Semantics (GUIDE section 3):
+Semantics:
 
 - fp32: fp32 storage and math, TF32 explicitly off (CUDA matmul and cuDNN), matmul precision
   ``highest``.
@@ -21,6 +21,7 @@ Semantics (GUIDE section 3):
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import sys
 from collections.abc import Iterator
@@ -38,6 +39,102 @@ _AUTOCAST_DTYPE = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": t
 
 def _cuda_capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+
+CPU_MASK_ENV = "BERT_MP_CPU_MASK"
+"""Environment variable that makes the CPU probes report less than the hardware has.
+
+A comma-separated subset of ``amx``, ``fp16``, ``bf16`` (or ``all``): the suite, or any command, then
+behaves as on a weaker CPU (e.g. ``BERT_MP_CPU_MASK=all``: an AVX2-only machine). Masking also caps
+oneDNN's instruction set (``ONEDNN_MAX_CPU_ISA``) when that is not set already, so the kernels that
+run match what the probes report.
+"""
+CPU_FEATURES = ("amx", "fp16", "bf16")
+
+# The strongest oneDNN ISA that lacks each masked feature set (oneDNN's ISA names, ordered).
+_ONEDNN_ISA_CAP = {
+    frozenset({"amx"}): "AVX10_1_512",
+    frozenset({"fp16"}): "AVX512_CORE_BF16",
+    frozenset({"amx", "fp16"}): "AVX512_CORE_BF16",
+}
+
+EMULATION_SLOWDOWN = "emulated bf16/fp16 matmuls are ~10-70x slower than fp32"
+EMULATION_COST = f"{EMULATION_SLOWDOWN} (512x512 matmuls measured on AMD EPYC CPUs; see docs/precision.md)"
+
+
+def cpu_mask() -> frozenset[str]:
+    """The CPU features masked by ``BERT_MP_CPU_MASK``; raises on a name it does not know."""
+    raw = os.environ.get(CPU_MASK_ENV, "").strip().lower()
+    if not raw:
+        return frozenset()
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    if "all" in names:
+        return frozenset(CPU_FEATURES)
+    unknown = sorted(names - set(CPU_FEATURES))
+    if unknown:
+        raise HardwareError(
+            f"{CPU_MASK_ENV}={raw!r}: unknown feature(s) {', '.join(unknown)}; "
+            f"use a comma-separated subset of {', '.join(CPU_FEATURES)}, or all"
+        )
+    return frozenset(names)
+
+
+def onednn_isa_cap(mask: frozenset[str]) -> str | None:
+    """``ONEDNN_MAX_CPU_ISA`` value that hides the masked features from oneDNN (None: no cap)."""
+    if not mask:
+        return None
+    if "bf16" in mask:  # no bf16 implies no AMX (its tiles are bf16/int8) and no fp16 kernels
+        return "AVX512_CORE_VNNI"
+    return _ONEDNN_ISA_CAP[frozenset(mask)]
+
+
+def apply_cpu_mask_to_onednn() -> None:
+    """Cap oneDNN's ISA to match the mask; effective before oneDNN's first kernel in this process."""
+    cap = onednn_isa_cap(cpu_mask())
+    if cap is not None:
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", cap)
+
+
+def _has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and "amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class CpuCapabilities:
+    """What this CPU offers for reduced precision, after ``BERT_MP_CPU_MASK``."""
+
+    bf16: bool
+    """Native bf16 dot products (AVX512-BF16 or AMX)."""
+    fp16: bool
+    """Native fp16 arithmetic in oneDNN (AVX512-FP16 or AMX-FP16)."""
+    amx: bool
+    """AMX tiles."""
+    masked: tuple[str, ...] = ()
+    """Features hidden by ``BERT_MP_CPU_MASK``."""
+
+    def has(self, precision: str) -> bool:
+        """Whether ``precision`` runs natively (fp32 always; tf32's CPU analogue needs bf16)."""
+        return {"fp32": True, "tf32": self.bf16, "bf16": self.bf16, "fp16": self.fp16}[precision]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bf16": self.bf16, "fp16": self.fp16, "amx": self.amx, "masked": list(self.masked)}
+
+
+def cpu_capabilities() -> CpuCapabilities:
+    """Probe oneDNN (and /proc/cpuinfo for AMX), then apply ``BERT_MP_CPU_MASK``."""
+    mask = cpu_mask()
+    # Masking bf16 hides fp16 and AMX too: every CPU with native fp16 or AMX also has bf16, and the
+    # oneDNN ISA cap for "no bf16" excludes both.
+    return CpuCapabilities(
+        bf16=_cpu_supports_bf16() and "bf16" not in mask,
+        fp16=_cpu_supports_fp16() and not ({"fp16", "bf16"} & mask),
+        amx=_has_amx() and not ({"amx", "bf16"} & mask),
+        masked=tuple(sorted(mask)),
+    )
 
 
 def _cpu_supports_bf16() -> bool:
@@ -96,6 +193,8 @@ class PrecisionPlan:
     use_scaler: bool
     init_scale: float = 65536.0
     growth_interval: int = 2000
+    emulated: bool = False
+    """True when a CPU without native bf16/fp16 runs the mode through torch's emulation."""
 
     @property
     def accelerate_mixed_precision(self) -> str:
@@ -164,6 +263,8 @@ class PrecisionPlan:
             note = (
                 "CPU analogue of tf32 (no TF32 hardware on CPU): oneDNN fp32 matmuls with bf16 inner products"
             )
+        if self.emulated:
+            note += " (emulated: this CPU has no native support, hardware.allow_emulated=true)"
         out: dict[str, Any] = {
             "name": self.name,
             "device": str(self.device),
@@ -175,9 +276,12 @@ class PrecisionPlan:
             "growth_interval": self.growth_interval if self.use_scaler else None,
             "scaler_scale": float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None,
             "matmul": matmul_flags,
+            "emulated": self.emulated,
             "note": note,
             "versions": library_versions(),
         }
+        if self.device.type == "cpu":
+            out["cpu_capabilities"] = cpu_capabilities().as_dict()
         if self.device.type == "cuda":
             out["cuda_capability"] = ".".join(map(str, _cuda_capability(self.device)))
         return out
@@ -190,46 +294,74 @@ def _safe(fn: Any) -> Any:
         return f"unreadable: {e}"
 
 
+_warned_emulated: set[str] = set()
+
+
+def _cpu_check(name: str, key: str, caps: CpuCapabilities, allow_emulated: bool) -> bool:
+    """Refuse a precision this CPU lacks (unless emulation is allowed); returns whether it is emulated."""
+    masked = f" (masked by {CPU_MASK_ENV})" if caps.masked else ""
+    if name == "tf32" and not caps.bf16:
+        # oneDNN ignores its bf16 fp32-math mode without native bf16: the "analogue" would be fp32.
+        raise HardwareError(
+            f"{key}=tf32: the CPU tf32 analogue (oneDNN fp32 matmuls with bf16 inner products) needs a "
+            f"CPU with native bf16 (AVX512-BF16 or AMX); this CPU has none{masked}, and without it "
+            f"oneDNN computes plain fp32, so there is nothing to emulate. Use {key}=fp32."
+        )
+    if caps.has(name):
+        return False
+    feature = {"bf16": "native bf16 (AVX512-BF16 or AMX)", "fp16": "native fp16 (AVX512-FP16 or AMX-FP16)"}
+    if not allow_emulated:
+        raise HardwareError(
+            f"{key}={name} on CPU needs {feature[name]}; this CPU has none{masked}. "
+            f"torch can emulate it, but {EMULATION_COST}. Set hardware.allow_emulated=true to run it "
+            f"anyway (for numerics, not speed), or use {key}=fp32."
+        )
+    if name not in _warned_emulated and os.environ.get("LOCAL_RANK", "0") == "0":
+        _warned_emulated.add(name)
+        print(
+            f"bert-mp: warning: {key}={name} is emulated on this CPU (no {feature[name]}{masked}): "
+            f"the numerics of {name}, but {EMULATION_SLOWDOWN}.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return True
+
+
 def resolve_precision(
-    name: str, device: torch.device, init_scale: float = 65536.0, growth_interval: int = 2000
+    name: str,
+    device: torch.device,
+    init_scale: float = 65536.0,
+    growth_interval: int = 2000,
+    *,
+    allow_emulated: bool = False,
+    key: str = "train.precision",
 ) -> PrecisionPlan:
     """Check that ``device`` can run precision ``name`` and return its plan.
 
-    Raises HardwareError with what to do instead when the hardware lacks the mode.
+    Raises HardwareError with what to do instead when the hardware lacks the mode. On a CPU without
+    native bf16/fp16, ``allow_emulated`` (``hardware.allow_emulated``) runs bf16/fp16 anyway, through
+    torch's emulation, with a one-line warning; ``key`` names the config key in messages.
     """
     if name not in PRECISIONS:
         raise HardwareError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
     device = torch.device(device)
+    emulated = False
     if device.type == "cuda":
         major, minor = _cuda_capability(device)
         gpu = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
         if name in ("tf32", "bf16") and major < 8:
             raise HardwareError(
-                f"train.precision={name} needs an NVIDIA GPU with compute capability >= 8.0 (Ampere or "
-                f"newer); this is {gpu}. Use train.precision=fp16 or fp32."
+                f"{key}={name} needs an NVIDIA GPU with compute capability >= 8.0 (Ampere or "
+                f"newer); this is {gpu}. Use {key}=fp16 or fp32."
             )
         if name == "fp16" and major < 7:
             raise HardwareError(
-                f"train.precision=fp16 needs tensor cores (compute capability >= 7.0); this is {gpu}. "
-                "Use train.precision=fp32."
+                f"{key}=fp16 needs tensor cores (compute capability >= 7.0); this is {gpu}. Use {key}=fp32."
             )
     elif device.type == "cpu":
-        if name in ("bf16", "tf32") and not _cpu_supports_bf16():
-            what = "bf16 autocast" if name == "bf16" else "the CPU tf32 analogue (oneDNN bf16 matmuls)"
-            raise HardwareError(
-                f"train.precision={name}: {what} needs a CPU with native bf16 (AVX512-BF16 or AMX); "
-                "this CPU has none. Use train.precision=fp32."
-            )
-        if name == "fp16" and not _cpu_supports_fp16():
-            raise HardwareError(
-                "train.precision=fp16 on CPU needs oneDNN fp16 support (AVX512-FP16 or AMX-FP16); this "
-                "CPU has none. Use train.precision=fp32 or bf16."
-            )
-    else:
-        if name != "fp32":
-            raise HardwareError(
-                f"train.precision={name} is only supported on CUDA and CPU, not {device.type}; use fp32."
-            )
+        emulated = _cpu_check(name, key, cpu_capabilities(), allow_emulated)
+    elif name != "fp32":
+        raise HardwareError(f"{key}={name} is only supported on CUDA and CPU, not {device.type}; use fp32.")
     return PrecisionPlan(
         name=name,
         device=device,
@@ -237,6 +369,7 @@ def resolve_precision(
         use_scaler=name == "fp16",
         init_scale=float(init_scale),
         growth_interval=int(growth_interval),
+        emulated=emulated,
     )
 
 
@@ -298,3 +431,8 @@ def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
         torch.set_float32_matmul_precision(saved[2])
+
+
+# The mask caps oneDNN before its first kernel; a bad mask is reported by cpu_capabilities().
+with contextlib.suppress(HardwareError):
+    apply_cpu_mask_to_onednn()

@@ -297,7 +297,7 @@ class Sweep:
         available: dict[str, str | None] = {}
         for p in {r.precision for g in self.groups for r in g.runs}:
             try:
-                resolve_precision(p, device)
+                resolve_precision(p, device, allow_emulated=self.cfg.hardware.allow_emulated)
                 available[p] = None
             except HardwareError as e:
                 available[p] = str(e)
@@ -374,7 +374,7 @@ class Sweep:
                 model = PretrainingModel(BertForPreTraining(bcfg), cfg.model.sparse_mlm_head).to(device)
                 model.model.set_attn_implementation(cfg.model.attn_implementation)
                 batch = synthetic_batch(bcfg.vocab_size, mb, seq, device, seed=cfg.train.seed)
-                plan = resolve_precision(r.precision, device)
+                plan = resolve_precision(r.precision, device, allow_emulated=cfg.hardware.allow_emulated)
                 result = probe_precision(model, batch, plan, steps=self.cfg.sweep.profile_steps)
                 result["batch"] = {"micro_batch_size": mb, "seq_length": seq, "synthetic": True}
                 atomic_write_json(out, result)

@@ -212,7 +212,11 @@ def _make_accelerator(cfg: Config) -> tuple[Any, Any]:
     cpu = not torch.cuda.is_available()
     device = PartialState(cpu=cpu).device
     plan = resolve_precision(
-        cfg.train.precision, device, cfg.train.fp16_init_scale, cfg.train.fp16_growth_interval
+        cfg.train.precision,
+        device,
+        cfg.train.fp16_init_scale,
+        cfg.train.fp16_growth_interval,
+        allow_emulated=cfg.hardware.allow_emulated,
     )
     out = Path(cfg.train.output_dir)
     accelerator = Accelerator(

@@ -116,7 +116,7 @@ def bench_baseline(data, args, order: np.ndarray) -> dict:
 
 def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
     """``bert_mp.train.train`` with the same model and batch; throughput from its own metrics.jsonl."""
-    from bert_mp.config import Config, DataConfig, ModelConfig, TrainConfig
+    from bert_mp.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
     from bert_mp.io import read_jsonl
     from bert_mp.train import train
 
@@ -135,6 +135,7 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
             progress_bar=False,
             export=False,
         ),
+        hardware=HardwareConfig(allow_emulated=args.allow_emulated),
     )
     cfg.validate()
     summary = train(cfg, data)
@@ -161,6 +162,11 @@ def main() -> None:
     p.add_argument("--precisions", default="fp32,tf32,bf16,fp16")
     p.add_argument("--dropout-impl", default="auto", help="bert_mp's model.dropout_impl (auto, fast, torch)")
     p.add_argument("--repeat", type=int, default=3, help="rounds (median ratio reported)")
+    p.add_argument(
+        "--allow-emulated",
+        action="store_true",
+        help="run bf16/fp16 on a CPU without native support (hardware.allow_emulated): numerics, not speed",
+    )
     p.add_argument("--out", default="runs/bench_train.json")
     args = p.parse_args()
 
@@ -190,7 +196,7 @@ def main() -> None:
                     res["baseline_hf_fp32"] = bench_baseline(data, args, order)
                     continue
                 try:
-                    resolve_precision(name, device)
+                    resolve_precision(name, device, allow_emulated=args.allow_emulated)
                 except HardwareError as e:
                     res[f"bert_mp_{name}"] = {"skipped": str(e)}
                     continue

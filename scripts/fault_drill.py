@@ -74,6 +74,8 @@ class KillRecord:
     """``step``: a random step; ``write``: inside a checkpoint write; ``term``: SIGTERM at a random step."""
     target: int
     """The step (``step``/``term``) or checkpoint step (``write``) aimed at."""
+    stage: str | None = None
+    """``write`` only: where inside the write the process is held for the kill (``ckpt.WRITE_STAGES``)."""
     returncode: int | None = None
     logged_step: int = 0
     """Last optimizer step in metrics.jsonl when the process died."""
@@ -148,10 +150,13 @@ class Runner:
             return [sys.executable, "-m", "bert_mp", "train", str(cfg_path)]
         return [sys.executable, str(Path(__file__).resolve()), "--child", str(cfg_path), str(self.prepared)]
 
-    def start(self, cfg_path: Path, log: Path) -> subprocess.Popen:
+    def start(self, cfg_path: Path, log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         with open(log, "ab") as f:
             return subprocess.Popen(
-                self.command(cfg_path), env=child_env(), stdout=f, stderr=subprocess.STDOUT
+                self.command(cfg_path),
+                env={**child_env(), **(extra_env or {})},
+                stdout=f,
+                stderr=subprocess.STDOUT,
             )
 
     def run(self, cfg_path: Path, log: Path) -> None:
@@ -225,13 +230,18 @@ def interrupt(
 ) -> None:
     """Start a run, kill it as ``rec`` says, and fill in what was left on disk."""
     ckpt_dir = out_dir / "checkpoints"
-    proc = runner.start(cfg_path, log)
     if rec.aim == "write":
-        tmp_name = f".tmp-{ckpt.checkpoint_name(rec.target)}"
-        # tight polling: a tiny model's checkpoint write lasts tens of milliseconds
-        hit = _wait_for(proc, lambda: (ckpt_dir / tmp_name).exists(), 0.0005)
-        delay = rng.uniform(0.0, 0.01)
+        # The process holds inside the write (ckpt.PAUSE_ENV) until the SIGKILL lands: deterministic,
+        # whatever the machine's speed; the kill itself is a real SIGKILL.
+        ready = out_dir.with_name(f"{out_dir.name}.pause-ready")
+        ready.unlink(missing_ok=True)
+        env = {ckpt.PAUSE_ENV: f"{rec.target}:{rec.stage}:{ready}"}
+        proc = runner.start(cfg_path, log, env)
+        hit = _wait_for(proc, ready.exists, 0.005)
+        ready.unlink(missing_ok=True)
+        delay = 0.0
     else:
+        proc = runner.start(cfg_path, log)
         hit = _wait_for(proc, lambda: last_logged_step(out_dir) >= rec.target, 0.005)
         delay = rng.uniform(0.0, 0.05)
     if hit:
@@ -296,7 +306,7 @@ def _plan_kill(
         return KillRecord(trial, "SIGTERM", "term", rng.randint(resume_from + 1, spec.max_steps - 2))
     saves = [s for s in range(spec.save_every, spec.max_steps, spec.save_every) if s > resume_from]
     if saves and rng.random() < spec.write_share:
-        return KillRecord(trial, "SIGKILL", "write", rng.choice(saves))
+        return KillRecord(trial, "SIGKILL", "write", rng.choice(saves), rng.choice(ckpt.WRITE_STAGES))
     return KillRecord(trial, "SIGKILL", "step", rng.randint(resume_from + 1, spec.max_steps - 1))
 
 

@@ -14,7 +14,7 @@ from bert_mp.diagnostics import (
     synthetic_batch,
 )
 from bert_mp.model import PretrainingModel, bert_config
-from bert_mp.precision import _cpu_supports_bf16, resolve_precision
+from bert_mp.precision import cpu_capabilities, resolve_precision
 
 CPU = torch.device("cpu")
 
@@ -104,10 +104,10 @@ def test_probe_measures_state_and_activations_fp32():
 
 
 def test_probe_bf16_uses_reduced_precision_matmuls():
-    if not _cpu_supports_bf16():
+    if not cpu_capabilities().bf16:
         import pytest
 
-        pytest.skip("CPU without native bf16")
+        pytest.skip("CPU without native bf16 (AVX512-BF16 or AMX): oneDNN runs no bf16 matmul kernels")
     model = _tiny_model()
     r = probe_precision(model, synthetic_batch(256, 4, 32, CPU), resolve_precision("bf16", CPU), steps=1)
     # fp32 master weights: parameter state per parameter is unchanged by autocast

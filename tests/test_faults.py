@@ -74,13 +74,15 @@ def test_sigkill_in_checkpoint_write_then_sigterm_resume_bit_identical(tmp_path,
     fresh, resume = drill.write_run_config(cfg, resume=False), drill.write_run_config(cfg, resume=True)
     rng = random.Random(0)
 
-    # SIGKILL while step 6's checkpoint is being written: step 3's stays the newest complete one
-    killed = drill.KillRecord(0, "SIGKILL", "write", 6)
+    # SIGKILL while step 6's checkpoint is being written (held there after the model and optimizer
+    # files, before loop_state.json): step 3's stays the newest complete one
+    killed = drill.KillRecord(0, "SIGKILL", "write", 6, "state")
     drill.interrupt(runner, fresh, out, killed, rng, log)
     assert killed.returncode == -9 and not killed.completed_before_kill
     assert killed.during_write, "the kill missed the checkpoint write"
     assert killed.resume_step == 3 and killed.logged_step == 6 and killed.steps_lost == 3
-    assert ckpt.MARKER not in killed.partial_files
+    assert "model.safetensors" in killed.partial_files
+    assert ckpt.MARKER not in killed.partial_files and ckpt.LOOP_STATE not in killed.partial_files
     assert [p.name for p in ckpt.list_checkpoints(out / "checkpoints")] == ["step_00000003"]
 
     # SIGTERM after step 8: saves at the step it stopped on and exits 0, nothing lost
@@ -267,13 +269,6 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_stops(
 # --------------------------------------------------------------------------------------------------
 # NaN storms and loss-scale collapse
 # --------------------------------------------------------------------------------------------------
-def _needs(precision: str) -> None:
-    from bert_mp.precision import _cpu_supports_bf16, _cpu_supports_fp16
-
-    if not (_cpu_supports_bf16() if precision == "bf16" else _cpu_supports_fp16()):
-        pytest.skip(f"CPU without {precision} autocast")
-
-
 def _poison(monkeypatch, bad: Any) -> None:
     """NaN activations in the training forward passes whose 1-based number satisfies ``bad``."""
     real = train_mod.build_model
@@ -323,7 +318,6 @@ def _same(a: dict, b: dict) -> bool:
 # (fp32/tf32 take the same non-finite-loss path as bf16; tests/test_train.py checks fp32 stops)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, monkeypatch, precision):
-    _needs(precision)
     kw = dict(
         precision=precision,
         max_steps=4,
@@ -353,7 +347,6 @@ def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, mo
 
 
 def test_loss_scale_collapse_stops_with_a_clear_message(tmp_path, prepared, monkeypatch):
-    _needs("fp16")
     # every other step overflows: never 20 in a row, but each one halves the scale (8 -> 4 -> 2 -> 1 -> 0.5)
     _inf_grads(monkeypatch, lambda n: n % 2 == 1)
     run = tmp_path / "run"

@@ -136,8 +136,10 @@ def test_shipped_sweep_recipes_load(name, monkeypatch):
 def _tiny_overrides(tmp_path: Path) -> list[str]:
     return [
         f"sweep.output_dir={tmp_path / 'sweep'}",
-        "sweep.precisions=[fp32,tf32,bf16]",
+        "sweep.precisions=[fp32,tf32,bf16,fp16]",
         "sweep.reference_seed=7",
+        # bf16/fp16 on every CPU (emulated where not native): the sweep's verdicts include them
+        "hardware.allow_emulated=true",
         "sweep.parity_window=4",
         "sweep.profile_steps=1",
         f"data.cache_dir={tmp_path / 'data'}",
@@ -192,6 +194,7 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
     # bf16's verdict comes from the curves: its ratios are finite numbers measured against the seed spread
     bf16 = verdicts["bf16"]
     assert bf16["status"] in ("pass", "warn", "fail")
+    assert verdicts["fp16"]["status"] in ("pass", "warn", "fail")
     mlm = bf16["checks"]["train:loss/mlm"]
     assert mlm["seed_spread"] > 0 and mlm["ratio"] == pytest.approx(mlm["value"] / mlm["tolerance"])
     md = (root / "report.md").read_text()
