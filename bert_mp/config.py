@@ -516,7 +516,7 @@ class HardwareConfig:
 
     allow_emulated: bool = False
     """Run bf16 / fp16 on a CPU without native support (no AVX512-BF16/AMX, no AVX512-FP16/AMX-FP16)
-    through torch's emulation, with a warning: the numerics of the mode at ~10-70x the fp32 matmul
+    through torch's emulation, with a warning: the numerics of the mode at ~15-70x the fp32 matmul
     cost. Off: such a precision is refused (a sweep skips it). No effect on GPUs or native CPUs."""
 
     def validate(self) -> None:

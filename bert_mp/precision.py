@@ -58,7 +58,7 @@ _ONEDNN_ISA_CAP = {
     frozenset({"amx", "fp16"}): "AVX512_CORE_BF16",
 }
 
-EMULATION_SLOWDOWN = "emulated bf16/fp16 matmuls are ~10-70x slower than fp32"
+EMULATION_SLOWDOWN = "emulated bf16/fp16 matmuls are ~15-70x slower than fp32"
 EMULATION_COST = f"{EMULATION_SLOWDOWN} (512x512 matmuls measured on AMD EPYC CPUs; see docs/precision.md)"
 
 

@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from bert_mp.config import load_config
-from bert_mp.errors import ConfigError, DataError
+from bert_mp.errors import ConfigError, DataError, HardwareError
 from bert_mp.finetune import (
     build_classifier,
     check_vocab,
@@ -282,6 +282,16 @@ def test_mixed_precision_runs_record_the_plan(tmp_path, ckpt, precision):
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert ("amp/loss_scale" in rows[0]) == (precision == "fp16")
     assert not (tmp_path / "out" / "final").exists()
+
+
+def test_precision_the_cpu_lacks_is_refused_naming_the_finetune_key(tmp_path, ckpt, monkeypatch):
+    monkeypatch.setenv("BERT_MP_CPU_MASK", "all")  # as on an AVX2-only CPU
+    cfg = load_config(None, _overrides(ckpt, tmp_path, precision="fp16", max_steps=1, save_model=False))
+    with pytest.raises(
+        HardwareError, match=r"^finetune\.precision=fp16 on CPU .*hardware\.allow_emulated=true"
+    ):
+        run_finetune(cfg)
+    assert not (tmp_path / "out").exists()
 
 
 def test_unseen_validation_labels_counted_or_refused(tmp_path, ckpt):

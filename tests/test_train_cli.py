@@ -58,3 +58,27 @@ def test_cli_train_prepares_trains_and_exports(tmp_path):
     assert "max_position_embeddings" in bad.stderr and "Traceback" not in bad.stderr
     bad = _cli("train", *overrides, "model.vocab_size=100", cwd=tmp_path)
     assert bad.returncode == 2 and "smaller than the tokenizer" in bad.stderr
+
+
+def test_precision_the_cpu_lacks_is_one_line_before_any_work(tmp_path):
+    """As on an AVX2-only CPU (every capability masked): fp16 is refused naming the key and the opt-in."""
+    overrides = [
+        "train.precision=fp16",
+        f"data.cache_dir={tmp_path / 'data'}",
+        f"train.output_dir={tmp_path / 'run'}",
+    ]
+    env = {**os.environ, "BERT_MP_CPU_MASK": "all", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert_mp.cli", "train", *overrides],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "train.precision=fp16" in lines[0] and "hardware.allow_emulated=true" in lines[0]
+    assert "masked by BERT_MP_CPU_MASK" in lines[0]
+    assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
