@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "versions": library_versions(),
-        "command": "python scripts/bench_cpu_precision.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python scripts/bench_cpu_precision.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

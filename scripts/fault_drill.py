@@ -62,6 +62,8 @@ class DrillSpec:
     """Extra trials whose single interruption is a SIGTERM (must save, exit 0 and lose no step)."""
     seed: int = 0
     """Seed of the kill schedule (the training seed is fixed by the config)."""
+    precision: str = "fp32"
+    """train.precision of the drilled run (fp16: the GradScaler state must survive every kill too)."""
 
 
 @dataclass
@@ -96,7 +98,11 @@ class KillRecord:
 # run config and processes
 # --------------------------------------------------------------------------------------------------
 def drill_config(out_dir: Path, spec: DrillSpec, data_cache: Path) -> Config:
-    """A tiny fp32 run with dropout on, gradient accumulation, periodic eval and frequent checkpoints."""
+    """A tiny run with dropout on, gradient accumulation, periodic eval and frequent checkpoints.
+
+    bf16/fp16 run emulated where the CPU lacks them (``hardware.allow_emulated``): the drill checks
+    that nothing is lost or changed by a kill, not speed.
+    """
     overrides = [
         f"data.cache_dir={data_cache}",
         "data.source=builtin",
@@ -109,7 +115,8 @@ def drill_config(out_dir: Path, spec: DrillSpec, data_cache: Path) -> Config:
         "model.num_hidden_layers=2",
         "model.num_attention_heads=2",
         "model.intermediate_size=64",
-        "train.precision=fp32",
+        f"train.precision={spec.precision}",
+        "hardware.allow_emulated=true",
         f"train.output_dir={out_dir}",
         f"train.max_steps={spec.max_steps}",
         "train.global_batch_size=8",
@@ -441,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-every", type=int, default=DrillSpec.save_every)
     p.add_argument("--write-share", type=float, default=DrillSpec.write_share)
     p.add_argument("--seed", type=int, default=DrillSpec.seed)
+    p.add_argument("--precision", default=DrillSpec.precision, choices=("fp32", "tf32", "bf16", "fp16"))
     p.add_argument("--out", type=Path, help="write the report as JSON here")
     p.add_argument("--child", nargs=2, metavar=("CONFIG", "PREPARED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -455,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         write_share=args.write_share,
         sigterm_trials=args.sigterm_trials,
         seed=args.seed,
+        precision=args.precision,
     )
     report = run_drill(args.workdir, spec, args.prepared)
     print_report(report)

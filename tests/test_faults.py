@@ -62,8 +62,9 @@ def _train_in_process(cfg, prepared: Path) -> dict:
 # --------------------------------------------------------------------------------------------------
 # kill drill
 # --------------------------------------------------------------------------------------------------
-def test_sigkill_in_checkpoint_write_then_sigterm_resume_bit_identical(tmp_path, prepared):
-    spec = drill.DrillSpec(max_steps=12, save_every=3)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])  # fp16: the GradScaler state survives too
+def test_sigkill_in_checkpoint_write_then_sigterm_resume_bit_identical(tmp_path, prepared, precision):
+    spec = drill.DrillSpec(max_steps=12, save_every=3, precision=precision)
     runner = drill.Runner(prepared)
     log = tmp_path / "drill.log"
     reference = tmp_path / "reference"
@@ -93,6 +94,10 @@ def test_sigkill_in_checkpoint_write_then_sigterm_resume_bit_identical(tmp_path,
 
     runner.run(resume, log)
     assert drill.compare(reference, out) == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["precision"]["name"] == precision and summary["precision"]["loss_scaler"] == (
+        precision == "fp16"
+    )
     # the comparison is not vacuous: the log has every step and the eval rows
     rows = drill.loss_log(out)
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 13))
