@@ -1,4 +1,4 @@
-"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune.
+"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, config.
 
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
@@ -25,7 +25,12 @@ COMMANDS = {
     "sweep": ("bert_mp.sweep", "command", "run a precision sweep and write the loss-parity report"),
     "report": ("bert_mp.report", "command", "(re)write the report of a sweep folder"),
     "finetune": ("bert_mp.finetune", "command", "fine-tune a checkpoint for sequence classification"),
+    "config": ("bert_mp.config_doc", "command", "every config key with its type, default and description"),
 }
+CONFIG_EPILOG = (
+    "Every key, its default and what it does: `bert-mp config` (or `bert-mp config train`, "
+    "`bert-mp config data.max_seq_length`)."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, _, help_) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
+        sp = sub.add_parser(name, help=help_, description=help_, epilog=CONFIG_EPILOG)
         if name == "report":
             sp.add_argument("path", help="sweep output folder")
+        elif name == "config":
+            sp.add_argument("selector", nargs="?", help="a section (train) or a key prefix (train.fp16)")
         else:
             sp.add_argument(
                 "args",
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command == "report":
             return int(func(ns.path) or 0)
+        if ns.command == "config":
+            return int(func(ns.selector) or 0)
         config, overrides = split_config_args(ns.args)
         kwargs = {"force": ns.force} if ns.command == "prepare" else {}
         return int(func(config, overrides, **kwargs) or 0)
@@ -84,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bert-mp {ns.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

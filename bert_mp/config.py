@@ -278,6 +278,7 @@ class TrainConfig:
     parity_action: str = "warn"
     """warn | stop when the run leaves the parity band."""
     progress_bar: bool = True
+    """Show a progress bar on the console (metrics.jsonl is written either way)."""
 
     def validate(self) -> None:
         _choice(self.precision, "train.precision", ("fp32", "tf32", "bf16", "fp16"))
@@ -455,7 +456,9 @@ class FinetuneConfig:
     eval_batch_size: int = 64
     """Examples per evaluation forward pass."""
     learning_rate: float = 5e-5
+    """Peak learning rate (AdamW)."""
     weight_decay: float = 0.01
+    """AdamW weight decay; biases and LayerNorm weights get none."""
     warmup_ratio: float = 0.1
     """Linear warm-up over this share of the steps, then linear decay to zero."""
     max_grad_norm: float = 1.0
@@ -467,6 +470,7 @@ class FinetuneConfig:
     save_model: bool = True
     """Write final/ (save_pretrained + tokenizer) at the end."""
     progress_bar: bool = True
+    """Show a progress bar on the console (metrics.jsonl is written either way)."""
 
     def validate(self) -> None:
         _choice(self.init, "finetune.init", ("pretrained", "random"))
