@@ -38,6 +38,21 @@ def _range(value: Any, key: str, lo: float | None = None, hi: float | None = Non
         _check(value <= hi, key, f"must be <= {hi}", value)
 
 
+def _check_tracker(name: str, key: str) -> None:
+    """An experiment tracker Accelerate knows, and whose package is installed."""
+    import importlib
+
+    from accelerate.utils import LoggerType
+
+    known = [t.value for t in LoggerType if t.value != "all"]
+    _check(name in known, key, f"unknown tracker; choose from {', '.join(known)}", name)
+    available = getattr(importlib.import_module("accelerate.utils"), f"is_{name}_available", None)
+    if available is not None and not available():
+        raise ConfigError(
+            f"{key}: tracker {name!r} is not installed; pip install {name.replace('_', '-')}, or drop it"
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------------
@@ -313,6 +328,8 @@ class TrainConfig:
         _check(self.parity_tolerance > 0, "train.parity_tolerance", "must be > 0", self.parity_tolerance)
         if self.eval_max_batches is not None:
             _range(self.eval_max_batches, "train.eval_max_batches", 1)
+        for i, name in enumerate(self.log_with):
+            _check_tracker(name, f"train.log_with[{i}]")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -558,12 +575,39 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     return [prefix.rstrip(".")]
 
 
+def _check_shape(base: Any, layer: Any) -> None:
+    """Sections given a plain value, and list keys given a scalar, named with the fix."""
+    plain = OmegaConf.to_container(layer)
+    if not isinstance(plain, dict):
+        raise ConfigError(f"a config must be a mapping of sections (data, model, train, ...), got {plain!r}")
+    for section, value in plain.items():
+        if section in base and not isinstance(value, dict):
+            raise ConfigError(
+                f"{section}: is a section, not a value; set its keys, e.g. {section}.<key>=... "
+                f"(got {value!r}; every key: bert-mp config {section})"
+            )
+
+    def walk(node: Any, value: Any, key: str) -> None:
+        if OmegaConf.is_list(node) and not isinstance(value, list) and value is not None:
+            shown = value if not isinstance(value, dict) else "..."
+            raise ConfigError(f"{key}: expects a list, e.g. {key}=[{shown}] (got {value!r})")
+        if OmegaConf.is_dict(node) and isinstance(value, dict):
+            for k, v in value.items():
+                if k in node:
+                    walk(node[k], v, f"{key}.{k}")
+
+    for section, value in plain.items():
+        if section in base:
+            walk(base[section], value, section)
+
+
 def _merge_checked(base: Any, layer: Any) -> Any:
     """Merge ``layer`` into ``base``; on failure name the offending key.
 
     OmegaConf names the key for most errors but raises a bare TypeError for container mismatches
     (a mapping given for a list field, say); then each leaf is merged alone to find the culprit.
     """
+    _check_shape(base, layer)
     try:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as e:

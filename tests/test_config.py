@@ -66,3 +66,35 @@ def test_cache_key_ignores_num_proc_but_not_seed():
     b = load_config(None, ["data.num_proc=4"]).data.cache_key()
     c = load_config(None, ["data.seed=7"]).data.cache_key()
     assert a == b != c
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("data.paths=corpus/a.txt", r"^data\.paths: expects a list, e\.g\. data\.paths=\[corpus/a\.txt\]"),
+        ("train=3", r"^train: is a section, not a value; set its keys"),
+        ("train.log_with=[tensorbord]", r"^train\.log_with\[0\]: unknown tracker; choose from .*tensorboard"),
+    ],
+)
+def test_shape_and_tracker_mistakes_are_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(None, [override])
+    assert "\n" not in str(e.value)
+
+
+def test_a_section_given_a_value_in_yaml_names_it(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: tiny\n")
+    with pytest.raises(ConfigError, match=r"^model: is a section, not a value.*bert-mp config model"):
+        load_config(recipe)
+
+
+def test_a_tracker_that_is_not_installed_is_refused(monkeypatch):
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "is_wandb_available", lambda: False)
+    with pytest.raises(
+        ConfigError, match=r"train\.log_with\[0\]: tracker 'wandb' is not installed; pip install wandb"
+    ):
+        load_config(None, ["train.log_with=[wandb]"])
+    assert load_config(None, ["train.log_with=[tensorboard]"]).train.log_with == ["tensorboard"]
