@@ -10,12 +10,24 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it: there is no read-only call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write text so that readers see either the old file or the whole new one, never a part."""
+    """Write text so that readers see either the old file or the whole new one, never a part.
+
+    The file gets the mode an ordinary ``open(path, "w")`` would (0666 less the umask), not the
+    0600 of the temporary file it is renamed from.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -201,3 +201,19 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     latest = ckpt.find_latest(tmp_path / "run" / "checkpoints")
     assert latest is not None and latest.name == ckpt.checkpoint_name(summary["steps"])
     assert json.loads((latest / ckpt.LOOP_STATE).read_text())["step"] == summary["steps"]
+
+
+def test_atomic_writes_get_the_umask_mode_not_the_temporary_files_0600(tmp_path):
+    import os
+
+    from bert_mp.io import atomic_write_json
+
+    old = os.umask(0o027)
+    try:
+        atomic_write_json(tmp_path / "a.json", {"x": 1})
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640
+        os.umask(0o022)
+        atomic_write_json(tmp_path / "a.json", {"x": 2})  # a rewrite follows the umask of its time
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
