@@ -595,6 +595,19 @@ def train(cfg: Config, data: Any = None) -> dict:
     return finish("completed", _clean(final_eval))
 
 
+STOP_EXIT_CODES = {"signal SIGINT": 130, "signal SIGTERM": 143}
+"""Exit codes of a run stopped by a signal (128 + signal number, as a shell reports it)."""
+STOPPED_EXIT_CODE = 3
+"""Exit code of a run stopped early for another reason (e.g. ``train.parity_action=stop``)."""
+
+
+def exit_code(summary: dict) -> int:
+    """0 only for a completed run: ``bert-mp train && next-step`` must not go on with an unfinished model."""
+    if summary["status"] == "completed":
+        return 0
+    return STOP_EXIT_CODES.get(summary.get("stop_reason") or "", STOPPED_EXIT_CODE)
+
+
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]``."""
     cfg = load_config(config_path, overrides)
@@ -607,4 +620,4 @@ def command(config_path: str | None, overrides: list[str]) -> int:
     print(
         f"bert-mp train: {summary['status']} after {summary['steps']} steps ({result}) -> {cfg.train.output_dir}"
     )
-    return 0
+    return exit_code(summary)

@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file
 
 from bert_mp import checkpoint as ckpt
+from bert_mp import train as train_mod
 from bert_mp.config import Config, load_config, save_config
 from bert_mp.io import read_jsonl
 
@@ -59,7 +60,7 @@ class DrillSpec:
     write_share: float = 0.4
     """Share of SIGKILLs aimed at a checkpoint write instead of a random step."""
     sigterm_trials: int = 2
-    """Extra trials whose single interruption is a SIGTERM (must save, exit 0 and lose no step)."""
+    """Extra trials whose single interruption is a SIGTERM (must save, exit 143 and lose no step)."""
     seed: int = 0
     """Seed of the kill schedule (the training seed is fixed by the config)."""
     precision: str = "fp32"
@@ -91,7 +92,7 @@ class KillRecord:
     completed_before_kill: bool = False
     """The run ended before the kill landed (the kill did not happen)."""
     clean_exit: bool | None = None
-    """SIGTERM only: exit code 0, status ``stopped``, checkpoint at the last logged step."""
+    """SIGTERM only: exit code 143, status ``stopped``, checkpoint at the last logged step."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,7 +268,7 @@ def interrupt(
             json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").is_file() else {}
         )
         rec.clean_exit = (
-            rec.returncode == 0
+            rec.returncode == train_mod.STOP_EXIT_CODES["signal SIGTERM"]
             and summary.get("status") == "stopped"
             and summary.get("steps") == rec.logged_step == rec.resume_step
         )
@@ -423,8 +424,6 @@ def _child(cfg_path: str, prepared: str) -> None:
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from bert_mp.train import train
-
     root = Path(prepared)
     data = SimpleNamespace(
         dataset=load_from_disk(str(root / "dataset")),
@@ -432,7 +431,7 @@ def _child(cfg_path: str, prepared: str) -> None:
         stats=json.loads((root / "stats.json").read_text(encoding="utf-8")),
         path=root,
     )
-    train(load_config(cfg_path), data)
+    raise SystemExit(train_mod.exit_code(train_mod.train(load_config(cfg_path), data)))
 
 
 def main(argv: list[str] | None = None) -> int:

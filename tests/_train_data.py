@@ -8,6 +8,7 @@ tiny model's loss visibly falls within a few dozen steps.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,7 +128,7 @@ def run_in_subprocess_main(argv: list[str]) -> None:
     """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
     from bert_mp import callbacks
     from bert_mp.config import load_config
-    from bert_mp.train import train
+    from bert_mp.train import exit_code, train
 
     cfg = load_config(argv[0])
     if len(argv) > 2:
@@ -140,4 +141,4 @@ def run_in_subprocess_main(argv: list[str]) -> None:
 
         callbacks.REGISTRY["stop_at"] = StopAt
         cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
-    train(cfg, load_fixture(Path(argv[1])))
+    sys.exit(exit_code(train(cfg, load_fixture(Path(argv[1])))))  # the codes `bert-mp train` exits with

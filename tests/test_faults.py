@@ -86,7 +86,7 @@ def test_sigkill_in_checkpoint_write_then_sigterm_resume_bit_identical(tmp_path,
     assert ckpt.MARKER not in killed.partial_files and ckpt.LOOP_STATE not in killed.partial_files
     assert [p.name for p in ckpt.list_checkpoints(out / "checkpoints")] == ["step_00000003"]
 
-    # SIGTERM after step 8: saves at the step it stopped on and exits 0, nothing lost
+    # SIGTERM after step 8: saves at the step it stopped on and exits 143, nothing lost
     termed = drill.KillRecord(0, "SIGTERM", "term", 8)
     drill.interrupt(runner, resume, out, termed, rng, log)
     assert termed.clean_exit, log.read_text()[-3000:]

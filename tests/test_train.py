@@ -223,3 +223,12 @@ def test_dataloader_workers_do_not_change_the_run(data, tmp_path):
         train(tiny_config(out, max_steps=3, num_workers=workers, export=False), data)
         losses[workers] = [r["loss/total"] for r in _metrics(out)]
     assert len(losses[0]) == 3 and losses[0] == losses[1]
+
+
+def test_only_a_completed_run_exits_zero():
+    from bert_mp.train import exit_code
+
+    assert exit_code({"status": "completed", "stop_reason": None}) == 0
+    assert exit_code({"status": "stopped", "stop_reason": "signal SIGTERM"}) == 143
+    assert exit_code({"status": "stopped", "stop_reason": "signal SIGINT"}) == 130
+    assert exit_code({"status": "stopped", "stop_reason": "parity: left the band"}) == 3
