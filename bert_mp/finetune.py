@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.config import Config, FinetuneConfig, load_config, save_config
 from bert_mp.errors import ConfigError, TrainingError
-from bert_mp.io import JsonlWriter, atomic_write_json
+from bert_mp.io import JsonlWriter, atomic_write_json, looks_like_local_path
 from bert_mp.optim import fused_supported, param_groups
 from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 from bert_mp.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
@@ -109,8 +109,12 @@ def resolve_checkpoint(ref: str | None) -> str:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
         ref = str(path)
-    elif path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
-        raise ConfigError(f"finetune.checkpoint: {ref} is not a folder")
+    elif path.exists() or looks_like_local_path(ref):
+        raise ConfigError(
+            f"finetune.checkpoint: {ref} is not a folder"
+            if path.exists()
+            else f"finetune.checkpoint: no such folder: {ref}"
+        )
     else:
         try:
             model_type = AutoConfig.from_pretrained(ref).model_type

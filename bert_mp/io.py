@@ -10,6 +10,18 @@ from pathlib import Path
 from typing import Any
 
 
+def looks_like_local_path(ref: str) -> bool:
+    """Whether a model reference is meant as a local path rather than a Hub id (``name`` or ``org/name``).
+
+    Local: starts with ``/``, ``.`` or ``~``, has a backslash or more than one ``/``, or is ``a/b``
+    whose first part exists here (``runs/trian`` next to a ``runs/`` folder). A mistyped local path
+    then fails at once instead of spending half a minute in Hub retries.
+    """
+    if ref.startswith(("/", ".", "~")) or "\\" in ref or ref.count("/") > 1:
+        return True
+    return "/" in ref and Path(ref.split("/", 1)[0]).expanduser().exists()
+
+
 def _umask() -> int:
     """The process umask (read by setting and restoring it: there is no read-only call)."""
     mask = os.umask(0o022)

@@ -104,6 +104,22 @@ def build_model(
     return model
 
 
+def check_init_from(model_cfg: ModelConfig) -> None:
+    """Fail at once on a ``model.init_from`` that is meant as a local folder but is not one."""
+    from bert_mp.io import looks_like_local_path
+
+    source = model_cfg.init_from
+    if not source:
+        return
+    path = Path(source).expanduser()
+    if path.exists() and not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model.init_from={source}: no config.json there (expected a save_pretrained folder)"
+        )
+    if not path.exists() and looks_like_local_path(source):
+        raise ConfigError(f"model.init_from={source}: no such folder")
+
+
 def _load_pretrained(model_cfg: ModelConfig) -> BertForPreTraining:
     source = model_cfg.init_from
     overridden = [n for n in (*_SHAPE_FIELDS, "vocab_size") if getattr(model_cfg, n) is not None]
@@ -112,10 +128,7 @@ def _load_pretrained(model_cfg: ModelConfig) -> BertForPreTraining:
             f"model.init_from={source} fixes the architecture; ignoring model.{', model.'.join(overridden)}",
             stacklevel=3,
         )
-    if Path(str(source)).exists() and not (Path(str(source)) / "config.json").is_file():
-        raise ConfigError(
-            f"model.init_from={source}: no config.json there (expected a save_pretrained folder)"
-        )
+    check_init_from(model_cfg)
     try:
         return BertForPreTraining.from_pretrained(source, attn_implementation=model_cfg.attn_implementation)
     except OSError as e:

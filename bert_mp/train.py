@@ -41,7 +41,7 @@ from bert_mp.config import Config, config_to_dict, load_config, save_config
 from bert_mp.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.io import JsonlWriter, atomic_write_json, read_jsonl
-from bert_mp.model import PretrainingModel, build_model, parameter_counts
+from bert_mp.model import PretrainingModel, build_model, check_init_from, parameter_counts
 from bert_mp.optim import build_optimizer, build_scheduler
 from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 
@@ -611,6 +611,7 @@ def exit_code(summary: dict) -> int:
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]``."""
     cfg = load_config(config_path, overrides)
+    check_init_from(cfg.model)  # before any data work
     summary = train(cfg)
     ev = summary["final_eval"]
     if ev:

@@ -305,3 +305,10 @@ def test_unseen_validation_labels_counted_or_refused(tmp_path, ckpt):
     cfg = load_config(None, _overrides(ckpt, tmp_path, validation_file=val, unseen_labels="error"))
     with pytest.raises(DataError, match="never seen in train: 'river' x4"):
         run_finetune(cfg)
+
+
+def test_mistyped_local_checkpoint_fails_at_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ConfigError, match=r"^finetune\.checkpoint: no such folder: runs/trian$"):
+        resolve_checkpoint("runs/trian")

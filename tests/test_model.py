@@ -129,3 +129,22 @@ def test_parameter_counts_and_init_from(tmp_path):
         build_model(
             ModelConfig(init_from=str(tmp_path)), vocab_size=VOCAB, tokenizer_size=VOCAB, max_seq_length=32
         )
+
+
+def test_mistyped_local_paths_fail_at_once_without_the_hub(tmp_path, monkeypatch):
+    from bert_mp.config import ModelConfig
+    from bert_mp.errors import ConfigError
+    from bert_mp.io import looks_like_local_path
+    from bert_mp.model import check_init_from
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for local in ("runs/trian", "./x", "/no/such", "~/x", "a/b/c", "C:\\models\\x"):
+        assert looks_like_local_path(local), local
+    for hub in ("bert-base-uncased", "google-bert/bert-base-uncased"):
+        assert not looks_like_local_path(hub), hub
+    with pytest.raises(ConfigError, match=r"^model\.init_from=runs/trian: no such folder$"):
+        check_init_from(ModelConfig(init_from="runs/trian"))
+    with pytest.raises(ConfigError, match="no config.json there"):
+        check_init_from(ModelConfig(init_from="runs"))
+    check_init_from(ModelConfig(init_from=None))
