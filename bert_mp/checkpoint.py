@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.errors import TrainingError
+from bert_mp.export import finish_hf_folder
 from bert_mp.io import atomic_write_json
 
 MARKER = "COMPLETE"
@@ -209,8 +210,11 @@ def load_checkpoint(accelerator: Any, folder: Path) -> dict:
     return json.loads((folder / LOOP_STATE).read_text(encoding="utf-8"))
 
 
-def export_pretrained(accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: Path) -> Path | None:
-    """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer.
+def export_pretrained(
+    accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: Path, card_facts: dict | None = None
+) -> Path | None:
+    """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer,
+    with the tokenizer's length limit and a model card (:func:`bert_mp.export.finish_hf_folder`).
 
     ``wrapped`` is the prepared :class:`bert_mp.model.PretrainingModel`; its full state dict is
     gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native.
@@ -224,6 +228,7 @@ def export_pretrained(accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: P
         hf_state = {k.removeprefix("model."): v for k, v in state.items()}
         inner.save_pretrained(tmp, state_dict=hf_state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        finish_hf_folder(tmp, "pretraining", inner.config.max_position_embeddings, card_facts or {})
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     accelerator.wait_for_everyone()

@@ -1,4 +1,4 @@
-"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, config.
+"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, export, config.
 
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
@@ -25,6 +25,7 @@ COMMANDS = {
     "sweep": ("bert_mp.sweep", "command", "run a precision sweep and write the loss-parity report"),
     "report": ("bert_mp.report", "command", "(re)write the report of a sweep folder"),
     "finetune": ("bert_mp.finetune", "command", "fine-tune a checkpoint for sequence classification"),
+    "export": ("bert_mp.export", "command", "a checkpoint (even of a stopped run) -> a Hugging Face folder"),
     "config": ("bert_mp.config_doc", "command", "every config key with its type, default and description"),
 }
 CONFIG_EPILOG = (
@@ -44,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_, epilog=CONFIG_EPILOG)
         if name == "report":
             sp.add_argument("path", help="sweep output folder")
+        elif name == "export":
+            sp.add_argument(
+                "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
+            )
+            sp.add_argument("--out", help="destination folder (default: <run>/export-step_N)")
         elif name == "config":
             sp.add_argument("selector", nargs="?", help="a section (train) or a key prefix (train.fp16)")
         else:
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command == "report":
             return int(func(ns.path) or 0)
+        if ns.command == "export":
+            return int(func(ns.path, ns.out) or 0)
         if ns.command == "config":
             return int(func(ns.selector) or 0)
         config, overrides = split_config_args(ns.args)

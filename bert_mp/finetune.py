@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.config import Config, FinetuneConfig, load_config, save_config
 from bert_mp.errors import ConfigError, TrainingError
+from bert_mp.export import finish_hf_folder
 from bert_mp.io import JsonlWriter, atomic_write_json, looks_like_local_path
 from bert_mp.optim import fused_supported, param_groups
 from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
@@ -466,6 +467,15 @@ def run_finetune(cfg: Config) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
             inner.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
+            facts = {
+                "base checkpoint": ckpt,
+                "task": f"{task.name}: {labels.size} labels ({', '.join(map(str, labels.names[:8]))})",
+                "steps": f"{step} optimizer steps of {ft.batch_size} examples, max {ft.max_seq_length} tokens",
+                "precision": plan.name,
+                "validation macro-F1": _fmt((final_val or {}).get("macro_f1")),
+                "test macro-F1": _fmt((test or {}).get("macro_f1")),
+            }
+            finish_hf_folder(tmp, "classification", inner.config.max_position_embeddings, facts)
             shutil.rmtree(final_dir, ignore_errors=True)
             os.replace(tmp, final_dir)
         accelerator.wait_for_everyone()

@@ -40,6 +40,7 @@ from bert_mp.callbacks import StepFacts, TrainContext, build_callbacks, finite_o
 from bert_mp.config import Config, config_to_dict, load_config, save_config
 from bert_mp.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.errors import ConfigError, DataError, TrainingError
+from bert_mp.export import pretraining_facts
 from bert_mp.io import JsonlWriter, atomic_write_json, read_jsonl
 from bert_mp.model import PretrainingModel, build_model, check_init_from, parameter_counts
 from bert_mp.optim import build_optimizer, build_scheduler
@@ -590,7 +591,8 @@ def train(cfg: Config, data: Any = None) -> dict:
     final_eval = run_eval()
     save()
     if tc.export:
-        ckpt.export_pretrained(accelerator, wrapped, data.tokenizer, out / "final")
+        facts = pretraining_facts(cfg, state.step, plan.name, final_eval, summary["data"])
+        ckpt.export_pretrained(accelerator, wrapped, data.tokenizer, out / "final", facts)
         summary["export"] = str(out / "final")
     return finish("completed", _clean(final_eval))
 

@@ -177,9 +177,39 @@ def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path, mo
         pooled = cls.bert(**batch).pooler_output
         assert torch.equal(pooled, trained.bert(**batch).pooler_output)
         assert cls(**batch).logits.shape == (1, 3)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, pipeline
 
-    assert len(AutoTokenizer.from_pretrained(final)) == 64
+    tok = AutoTokenizer.from_pretrained(final)
+    assert len(tok) == 64
+    # the tokenizer knows the model's length limit, so a long input is cut, not a crash
+    assert tok.model_max_length == loaded.config.max_position_embeddings
+    words = tok.convert_ids_to_tokens(list(range(5, 64)))
+    text = " ".join(words[i % len(words)] for i in range(2000))
+    fill = pipeline("fill-mask", model=str(final), tokenizer_kwargs={"truncation": True})
+    assert len(fill(f"{tok.mask_token} {text}")) == 5
+    card = (final / "README.md").read_text()
+    assert "pipeline_tag: fill-mask" in card and "6 optimizer steps" in card and "fp32" in card
+
+
+def test_bert_mp_export_rebuilds_the_model_from_a_checkpoint(tmp_path):
+    from bert_mp.cli import main
+    from bert_mp.errors import ConfigError
+    from bert_mp.export import export_checkpoint
+
+    run, _ = _finished_run(tmp_path)
+    final = load_file(str(run / "final" / "model.safetensors"))
+    # the run's newest checkpoint (step 6) holds the weights of the final export
+    assert main(["export", str(run), "--out", str(tmp_path / "exported")]) == 0
+    got = load_file(str(tmp_path / "exported" / "model.safetensors"))
+    assert got.keys() == final.keys() and all(torch.equal(got[k], final[k]) for k in final)
+    assert "step_00000006" in (tmp_path / "exported" / "README.md").read_text()
+    older = export_checkpoint(run / "checkpoints" / "step_00000004")
+    assert older == run / "export-step_00000004" and (older / "tokenizer_config.json").is_file()
+    assert not all(torch.equal(load_file(str(older / "model.safetensors"))[k], final[k]) for k in final)
+    with pytest.raises(ConfigError, match="already a Hugging Face folder"):
+        export_checkpoint(run / "final")
+    with pytest.raises(ConfigError, match="no such folder"):
+        export_checkpoint(tmp_path / "nope")
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path):

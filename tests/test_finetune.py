@@ -268,6 +268,15 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
             **tokenizer([sentence(1, "apple"), sentence(2, "stone")], return_tensors="pt", padding=True)
         ).logits
     assert [model.config.id2label[i] for i in logits.argmax(-1).tolist()] == ["apple", "stone"]
+    # ... and works in a pipeline on an input far beyond the model's positions, truncated
+    from transformers import pipeline
+
+    assert tokenizer.model_max_length == model.config.max_position_embeddings
+    clf = pipeline("text-classification", model=str(out / "final"), truncation=True)
+    long_text = " ".join([sentence(1, "apple")] * 400)  # > 2,000 words
+    assert len(long_text.split()) > 2000 and clf(long_text)[0]["label"] in ("apple", "stone")
+    card = (out / "final" / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card and "apple" in card and "test macro-F1" in card
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
