@@ -207,7 +207,7 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
 
     # a re-run keeps the finished runs instead of training them again
     assert main(["sweep", "configs/quickstart_sweep.yaml", *overrides]) == 0
-    assert capsys.readouterr().out.count("earlier, kept") == 3
+    assert capsys.readouterr().out.count("earlier, kept") == 4  # fp32, its second seed, bf16, fp16
 
     # a run made to diverge on purpose (learning rate 1000x) must fail the verdict
     bad = root / "runs" / "bf16-lr2"
