@@ -122,7 +122,18 @@ def resolve_resume(resume: str, ckpt_dir: Path) -> Path | None:
     """``latest`` -> newest complete checkpoint (None when there is none); a path -> that, verified."""
     if resume == "latest":
         return find_latest(ckpt_dir)
-    folder = Path(resume)
+    folder = Path(resume).expanduser()
+    if (folder / "checkpoints").is_dir() and not (folder / MARKER).is_file():
+        raise TrainingError(
+            f"train.resume={resume}: is a run folder; to continue it set train.output_dir={resume} "
+            "train.resume=latest, or name one of its checkpoints/step_* folders"
+        )
+    if (folder / "config.json").is_file() and not (folder / MARKER).is_file():
+        raise TrainingError(
+            f"train.resume={resume}: is a Hugging Face export (weights only, no optimizer or data "
+            "position), not a checkpoint; resume its run with train.resume=latest, or start a new run "
+            f"from its weights with model.init_from={resume}"
+        )
     problem = verify(folder) if folder.is_dir() else "no such folder"
     if problem:
         raise TrainingError(f"train.resume={resume}: cannot resume from it: {problem}")

@@ -248,3 +248,35 @@ def test_atomic_writes_get_the_umask_mode_not_the_temporary_files_0600(tmp_path)
         assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
     finally:
         os.umask(old)
+
+
+def test_resume_from_an_export_or_a_run_folder_says_what_to_do(tmp_path):
+    run, _ = _finished_run(tmp_path)
+    cdir = run / "checkpoints"
+    with pytest.raises(TrainingError, match=r"is a Hugging Face export .*model\.init_from="):
+        ckpt.resolve_resume(str(run / "final"), cdir)
+    with pytest.raises(TrainingError, match=r"is a run folder; .*train\.resume=latest"):
+        ckpt.resolve_resume(str(run), cdir)
+    assert ckpt.resolve_resume(str(cdir / "step_00000006"), cdir) == cdir / "step_00000006"
+
+
+def test_cli_checks_the_resume_target_before_any_data_work(tmp_path):
+    bad = tmp_path / "final"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bert_mp",
+            "train",
+            f"train.resume={bad}",
+            f"data.cache_dir={tmp_path / 'data'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "is a Hugging Face export" in proc.stderr and not (tmp_path / "data").exists()
