@@ -227,11 +227,21 @@ def load_local(cfg: FinetuneConfig) -> datasets.DatasetDict:
         if not Path(path).is_file():
             raise ConfigError(f"{key}: file not found: {path}")
         fmt = _file_format(path)
+        if Path(path).stat().st_size == 0:
+            raise DataError(f"{key}: {path} is empty (0 bytes)")
         kwargs = {"delimiter": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
         try:
             out[split] = datasets.load_dataset(fmt, data_files={split: str(path)}, split=split, **kwargs)
         except Exception as e:  # pyarrow / pandas raise many types for malformed files
-            raise DataError(f"{key}: cannot read {path} as {fmt}: {str(e).splitlines()[0]}") from None
+            cause = e.__cause__ or e.__context__
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "corresponds to no data" in detail or (cause is not None and "No columns" in str(cause)):
+                raise DataError(f"{key}: {path} has no data rows (a header at most)") from None
+            if cause is not None and str(cause):
+                detail = f"{detail}: {str(cause).splitlines()[0]}"
+            raise DataError(f"{key}: cannot read {path} as {fmt}: {detail}") from None
+        if len(out[split]) == 0:
+            raise DataError(f"{key}: {path} has no data rows (a header at most)")
     return datasets.DatasetDict(out)
 
 

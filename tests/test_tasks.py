@@ -289,3 +289,18 @@ def test_unseen_labels_counted_or_refused():
     assert unseen == {"neutral": 2, "other": 1}
     with pytest.raises(DataError, match="validation has labels never seen in train: 'neutral' x2"):
         encode_labels(["pos", "neutral", "neutral"], space, "validation", policy="error")
+
+
+@pytest.mark.parametrize(
+    "content,message", [("", "is empty \\(0 bytes\\)"), ("text,label\n", "has no data rows")]
+)
+def test_empty_and_header_only_files_are_one_line(tmp_path, content, message):
+    from bert_mp.config import FinetuneConfig
+    from bert_mp.errors import DataError
+    from bert_mp.tasks import load_local
+
+    path = tmp_path / "train.csv"
+    path.write_text(content)
+    with pytest.raises(DataError, match=f"^finetune\\.train_file: {path} {message}") as e:
+        load_local(FinetuneConfig(task="local", train_file=str(path)))
+    assert "\n" not in str(e.value)
