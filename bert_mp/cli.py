@@ -1,4 +1,4 @@
-"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, export, config.
+"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, predict, export, config.
 
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
@@ -25,6 +25,11 @@ COMMANDS = {
     "sweep": ("bert_mp.sweep", "command", "run a precision sweep and write the loss-parity report"),
     "report": ("bert_mp.report", "command", "(re)write the report of a sweep folder"),
     "finetune": ("bert_mp.finetune", "command", "fine-tune a checkpoint for sequence classification"),
+    "predict": (
+        "bert_mp.predict",
+        "command",
+        "a fine-tuned classifier over a data file -> predictions (+ metrics)",
+    ),
     "export": ("bert_mp.export", "command", "a checkpoint (even of a stopped run) -> a Hugging Face folder"),
     "config": ("bert_mp.config_doc", "command", "every config key with its type, default and description"),
 }
@@ -45,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_, epilog=CONFIG_EPILOG)
         if name == "report":
             sp.add_argument("path", help="sweep output folder")
+        elif name == "predict":
+            from bert_mp.predict import add_arguments
+
+            add_arguments(sp)
         elif name == "export":
             sp.add_argument(
                 "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
@@ -86,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command == "report":
             return int(func(ns.path) or 0)
+        if ns.command == "predict":
+            return int(func(ns) or 0)
         if ns.command == "export":
             return int(func(ns.path, ns.out) or 0)
         if ns.command == "config":

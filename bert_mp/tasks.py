@@ -216,33 +216,35 @@ def _file_format(path: str) -> str:
     return _FORMATS[suffix]
 
 
+def read_table_file(path: str, key: str) -> datasets.Dataset:
+    """One CSV / TSV / JSON Lines / Parquet file as a Dataset; problems name ``key`` and the file."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{key}: file not found: {path}")
+    fmt = _file_format(path)
+    if Path(path).stat().st_size == 0:
+        raise DataError(f"{key}: {path} is empty (0 bytes)")
+    kwargs = {"delimiter": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
+    try:
+        ds = datasets.load_dataset(fmt, data_files={"rows": str(path)}, split="rows", **kwargs)
+    except Exception as e:  # pyarrow / pandas raise many types for malformed files
+        cause = e.__cause__ or e.__context__
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "corresponds to no data" in detail or (cause is not None and "No columns" in str(cause)):
+            raise DataError(f"{key}: {path} has no data rows (a header at most)") from None
+        if cause is not None and str(cause):
+            detail = f"{detail}: {str(cause).splitlines()[0]}"
+        raise DataError(f"{key}: cannot read {path} as {fmt}: {detail}") from None
+    if len(ds) == 0:
+        raise DataError(f"{key}: {path} has no data rows (a header at most)")
+    return ds
+
+
 def load_local(cfg: FinetuneConfig) -> datasets.DatasetDict:
     """CSV / JSON Lines / Parquet files (one per split) as a DatasetDict, columns untouched."""
     files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
-    out = {}
-    for split, path in files.items():
-        if not path:
-            continue
-        key = f"finetune.{split}_file"
-        if not Path(path).is_file():
-            raise ConfigError(f"{key}: file not found: {path}")
-        fmt = _file_format(path)
-        if Path(path).stat().st_size == 0:
-            raise DataError(f"{key}: {path} is empty (0 bytes)")
-        kwargs = {"delimiter": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
-        try:
-            out[split] = datasets.load_dataset(fmt, data_files={split: str(path)}, split=split, **kwargs)
-        except Exception as e:  # pyarrow / pandas raise many types for malformed files
-            cause = e.__cause__ or e.__context__
-            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if "corresponds to no data" in detail or (cause is not None and "No columns" in str(cause)):
-                raise DataError(f"{key}: {path} has no data rows (a header at most)") from None
-            if cause is not None and str(cause):
-                detail = f"{detail}: {str(cause).splitlines()[0]}"
-            raise DataError(f"{key}: cannot read {path} as {fmt}: {detail}") from None
-        if len(out[split]) == 0:
-            raise DataError(f"{key}: {path} has no data rows (a header at most)")
-    return datasets.DatasetDict(out)
+    return datasets.DatasetDict(
+        {split: read_table_file(path, f"finetune.{split}_file") for split, path in files.items() if path}
+    )
 
 
 def load_hub(name: str, config: str | None, splits: Mapping[str, str | None]) -> datasets.DatasetDict:

@@ -278,6 +278,52 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     card = (out / "final" / "README.md").read_text()
     assert "pipeline_tag: text-classification" in card and "apple" in card and "test macro-F1" in card
 
+    # bert-mp predict on the test file reproduces fine-tuning's test metrics from the export
+    pred = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bert_mp",
+            "predict",
+            str(out),
+            str(tmp_path / "test.csv"),
+            "--out",
+            str(tmp_path / "p"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert pred.returncode == 0, pred.stderr[-3000:]
+    metrics = json.loads((tmp_path / "p" / "metrics.json").read_text())
+    assert metrics["rows"] == 24 and metrics["unseen_labels"] == []
+    assert metrics["metrics"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
+    assert metrics["metrics"]["macro_f1"] == pytest.approx(summary["test"]["macro_f1"])
+    rows = [json.loads(line) for line in (tmp_path / "p" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["row"] for r in rows] == list(range(24)) and {r["label"] for r in rows} <= {"apple", "stone"}
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bert_mp",
+            "predict",
+            str(out),
+            str(tmp_path / "test.csv"),
+            "--text-column",
+            "body",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert (
+        bad.returncode == 2
+        and "has no column 'body'" in bad.stderr
+        and len(bad.stderr.strip().splitlines()) == 1
+    )
+
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_runs_record_the_plan(tmp_path, ckpt, precision):
