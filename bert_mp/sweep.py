@@ -168,8 +168,10 @@ def launch_command(cfg: Config, config_file: Path, overrides: list[str], cuda: b
     args = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(sc.num_processes)]
     if not any(a.startswith("--num_machines") or a == "--config_file" for a in sc.accelerate_args):
         args += ["--num_machines", "1"]
-    if not cuda and "--cpu" not in sc.accelerate_args:
-        args.append("--cpu")
+    if not cuda and not {"--cpu", "--multi_gpu", "--config_file"} & set(sc.accelerate_args):
+        # `--cpu --num_processes N` starts ONE process in Accelerate 1.x; torchrun-style spawning
+        # starts N, and bert_mp puts each on the CPU with gloo.
+        args.append("--multi_gpu" if sc.num_processes > 1 else "--cpu")
     args += (
         ["--mixed_precision", "no", "--dynamo_backend", "no"]
         if "--config_file" not in sc.accelerate_args

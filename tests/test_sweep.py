@@ -107,8 +107,11 @@ def test_launch_commands(files):
     cfg, _ = load_sweep_config(files[1], ["sweep.num_processes=2"])
     cmd = launch_command(cfg, Path("b.yaml"), [], cuda=False)
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
-    assert "--cpu" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
+    # really N processes on CPU: `--cpu --num_processes 2` would start one in Accelerate 1.x
+    assert "--multi_gpu" in cmd and "--cpu" not in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
     assert cmd[-4:] == ["-m", "bert_mp", "train", "b.yaml"]
+    cfg, _ = load_sweep_config(files[1], ["sweep.launcher=accelerate"])
+    assert "--cpu" in launch_command(cfg, Path("b.yaml"), [], cuda=False)
 
 
 def test_resume_decisions(tmp_path):
