@@ -17,14 +17,18 @@ from bert_mp.errors import BertMPError
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
 COMMANDS = {
     "prepare": (
-        "bert_mp.prepare",
+        "bert_mp.data.prepare",
         "command",
         "raw text -> NSP + MLM pretraining data (cached by config hash)",
     ),
-    "train": ("bert_mp.train", "command", "pretrain BertForPreTraining under fp32 / tf32 / bf16 / fp16"),
-    "sweep": ("bert_mp.sweep", "command", "run a precision sweep and write the loss-parity report"),
-    "report": ("bert_mp.report", "command", "(re)write the report of a sweep folder"),
-    "finetune": ("bert_mp.finetune", "command", "fine-tune a checkpoint for sequence classification"),
+    "train": (
+        "bert_mp.pretrain.trainer",
+        "command",
+        "pretrain BertForPreTraining under fp32 / tf32 / bf16 / fp16",
+    ),
+    "sweep": ("bert_mp.sweep.runner", "command", "run a precision sweep and write the loss-parity report"),
+    "report": ("bert_mp.sweep.report", "command", "(re)write the report of a sweep folder"),
+    "finetune": ("bert_mp.finetune.trainer", "command", "fine-tune a checkpoint for sequence classification"),
 }
 
 

@@ -16,7 +16,7 @@ from datasets import Dataset, DatasetDict
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from bert_mp.config import Config, DataConfig, ModelConfig, TrainConfig
+from bert_mp.core.config import Config, DataConfig, ModelConfig, TrainConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_WORDS = 59  # 5 specials + 59 words = 64 tokens
@@ -122,9 +122,9 @@ def load_fixture(root: Path) -> SimpleNamespace:
 
 def run_in_subprocess_main(argv: list[str]) -> None:
     """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
-    from bert_mp import callbacks
-    from bert_mp.config import load_config
-    from bert_mp.train import train
+    from bert_mp.core import callbacks
+    from bert_mp.core.config import load_config
+    from bert_mp.pretrain.trainer import train
 
     cfg = load_config(argv[0])
     if len(argv) > 2:

@@ -21,7 +21,7 @@ def fresh_accelerate_state():
 
 
 _EMULATION_STARTUP = """\
-import bert_mp.precision as _precision
+import bert_mp.core.precision as _precision
 
 _precision._cpu_supports_bf16 = lambda: True
 _precision._cpu_supports_fp16 = lambda: True
@@ -35,7 +35,7 @@ def emulate_precision(monkeypatch, tmp_path_factory):
     The one place where tests force emulated precision: in this process, and in the subprocesses a
     test starts (a ``sitecustomize`` on PYTHONPATH applies the same patch at interpreter start).
     """
-    import bert_mp.precision as precision
+    import bert_mp.core.precision as precision
 
     monkeypatch.setattr(precision, "_cpu_supports_bf16", lambda: True)
     monkeypatch.setattr(precision, "_cpu_supports_fp16", lambda: True)

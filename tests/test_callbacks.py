@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bert_mp.callbacks import (
+from bert_mp.core.callbacks import (
     REGISTRY,
     LossMonitor,
     LossScaleMonitor,
@@ -19,7 +19,7 @@ from bert_mp.callbacks import (
     peak_flops,
     step_flops,
 )
-from bert_mp.config import Config, TrainConfig
+from bert_mp.core.config import Config, TrainConfig
 from bert_mp.errors import ConfigError
 
 
@@ -76,7 +76,7 @@ def test_registry_builds_by_name_in_order():
     with pytest.raises(ConfigError, match="unknown callback 'nope'"):
         build_callbacks(Config(train=TrainConfig(callbacks=["nope"])))
     # parity is resolved lazily and constructed with the full config
-    assert REGISTRY["parity"] == "bert_mp.parity:ParityCallback"
+    assert REGISTRY["parity"] == "bert_mp.sweep.parity:ParityCallback"
     with pytest.raises(ConfigError, match="parity_reference"):
         build_callbacks(Config(train=TrainConfig(callbacks=["parity"])))
 

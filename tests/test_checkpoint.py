@@ -16,11 +16,11 @@ from _train_data import make_prepared, tiny_config
 from safetensors.torch import load_file
 from transformers import BertForPreTraining, BertForSequenceClassification
 
-import bert_mp.train as train_mod
-from bert_mp import checkpoint as ckpt
-from bert_mp.config import save_config
+import bert_mp.pretrain.trainer as train_mod
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.config import save_config
+from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
-from bert_mp.io import read_jsonl
 
 TESTS = Path(__file__).parent
 

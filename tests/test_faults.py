@@ -23,10 +23,10 @@ import torch
 from _train_data import load_fixture, make_prepared, tiny_config
 from safetensors.torch import load_file
 
-import bert_mp.train as train_mod
-from bert_mp import checkpoint as ckpt
+import bert_mp.pretrain.trainer as train_mod
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
-from bert_mp.io import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -268,7 +268,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_stops(
 # NaN storms and loss-scale collapse
 # --------------------------------------------------------------------------------------------------
 def _needs(precision: str) -> None:
-    from bert_mp.precision import _cpu_supports_bf16, _cpu_supports_fp16
+    from bert_mp.core.precision import _cpu_supports_bf16, _cpu_supports_fp16
 
     if not (_cpu_supports_bf16() if precision == "bf16" else _cpu_supports_fp16()):
         pytest.skip(f"CPU without {precision} autocast")

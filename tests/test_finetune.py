@@ -19,9 +19,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from bert_mp.config import load_config
+from bert_mp.core.config import load_config
 from bert_mp.errors import ConfigError, DataError
-from bert_mp.finetune import (
+from bert_mp.finetune.tasks import build_label_space
+from bert_mp.finetune.trainer import (
     build_classifier,
     check_vocab,
     classification_metrics,
@@ -29,7 +30,6 @@ from bert_mp.finetune import (
     run_finetune,
     tokenize_split,
 )
-from bert_mp.tasks import build_label_space
 
 WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window", "quiet", "metal"]
 

@@ -86,8 +86,8 @@ def train_run(tmp: Path, precision: str) -> dict[str, Any]:
     from _train_data import make_prepared, tiny_config
     from accelerate.state import AcceleratorState, GradientState
 
-    from bert_mp.io import read_jsonl
-    from bert_mp.train import train
+    from bert_mp.core.io import read_jsonl
+    from bert_mp.pretrain.trainer import train
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import BertTokenizerFast
 
-from bert_mp.config import DataConfig
-from bert_mp.masking import (
+from bert_mp.core.config import DataConfig
+from bert_mp.data.masking import (
     MaskingSpec,
     PretrainingCollator,
     derive_rng,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import BertForPreTraining
 
-from bert_mp.config import ModelConfig
+from bert_mp.core.config import ModelConfig
 from bert_mp.errors import ConfigError
-from bert_mp.model import PRESETS, PretrainingModel, bert_config, build_model, parameter_counts
+from bert_mp.model.bert import PRESETS, PretrainingModel, bert_config, build_model, parameter_counts
 
 VOCAB = 96
 

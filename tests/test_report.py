@@ -7,9 +7,9 @@ import random
 import pytest
 
 from bert_mp.cli import main
+from bert_mp.core.io import atomic_write_json
 from bert_mp.errors import ConfigError
-from bert_mp.io import atomic_write_json
-from bert_mp.report import build_report
+from bert_mp.sweep.report import build_report
 
 STEPS = 120
 

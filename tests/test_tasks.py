@@ -6,11 +6,11 @@ from collections import Counter, defaultdict
 import datasets
 import pytest
 
-from bert_mp import tasks
-from bert_mp.builtin_corpus import iter_stdlib_docstrings
-from bert_mp.config import FinetuneConfig
+from bert_mp.core.config import FinetuneConfig
+from bert_mp.data.builtin_corpus import iter_stdlib_docstrings
 from bert_mp.errors import ConfigError, DataError
-from bert_mp.tasks import (
+from bert_mp.finetune import tasks
+from bert_mp.finetune.tasks import (
     SPLITS,
     assign_modules,
     build_label_space,

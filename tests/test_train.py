@@ -11,11 +11,11 @@ from _train_data import make_prepared, tiny_config
 from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
-import bert_mp.train as train_mod
+import bert_mp.pretrain.trainer as train_mod
+from bert_mp.core.io import read_jsonl
+from bert_mp.core.optim import lr_lambda
 from bert_mp.errors import TrainingError
-from bert_mp.io import read_jsonl
-from bert_mp.optim import lr_lambda
-from bert_mp.train import MicroBatchSampler, epoch_order, train
+from bert_mp.pretrain.trainer import MicroBatchSampler, epoch_order, train
 
 TRAIN_KEYS = {
     "step",
@@ -205,7 +205,7 @@ def test_nonfinite_loss_in_fp32_stops(data, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_runs_record_what_took_effect(data, tmp_path, precision):
-    from bert_mp.precision import _cpu_supports_bf16, _cpu_supports_fp16
+    from bert_mp.core.precision import _cpu_supports_bf16, _cpu_supports_fp16
 
     if not (_cpu_supports_bf16() if precision == "bf16" else _cpu_supports_fp16()):
         pytest.skip(f"CPU without {precision}")

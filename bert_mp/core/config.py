@@ -185,7 +185,7 @@ class ModelConfig:
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
     dropout_impl: str = "auto"
     """Dropout masks: fast (one 64-bit draw per 4 elements, p rounded to 1/32768; see
-    bert_mp/dropout.py) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
+    bert_mp/model/dropout.py) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
 
     def validate(self) -> None:
         _choice(self.preset, "model.preset", ("tiny", "mini", "small", "medium", "base", "large"))
@@ -315,7 +315,7 @@ class TrainConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# sweep (owned by the sweep/report work; see bert_mp/sweep.py)
+# sweep (owned by the sweep/report work; see bert_mp/sweep/runner.py)
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class SweepConfig:
@@ -392,7 +392,7 @@ class SweepConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# finetune (owned by the finetune work; see bert_mp/finetune.py)
+# finetune (owned by the finetune work; see bert_mp/finetune/trainer.py)
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class FinetuneConfig:
@@ -607,6 +607,6 @@ def config_to_dict(cfg: Any) -> dict:
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically)."""
-    from bert_mp.io import atomic_write_text
+    from bert_mp.core.io import atomic_write_text
 
     atomic_write_text(Path(path), OmegaConf.to_yaml(OmegaConf.structured(cfg)))

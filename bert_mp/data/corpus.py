@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from bert_mp.config import DataConfig
+from bert_mp.core.config import DataConfig
 from bert_mp.errors import DataError
 
 MAX_DOCUMENT_CHARS = 16 * 1024 * 1024
@@ -246,7 +246,7 @@ def is_file_source(cfg: DataConfig) -> bool:
 
 def _raw_documents(cfg: DataConfig, stats: ReadStats, paths: list[Path] | None) -> Iterator[str]:
     if cfg.source == "builtin":
-        from bert_mp.builtin_corpus import builtin_documents
+        from bert_mp.data.builtin_corpus import builtin_documents
 
         for d in builtin_documents():
             yield d["text"]

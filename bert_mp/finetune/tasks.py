@@ -22,8 +22,8 @@ from typing import Any
 
 import datasets
 
-from bert_mp.builtin_corpus import Docstring, iter_stdlib_docstrings
-from bert_mp.config import FinetuneConfig
+from bert_mp.core.config import FinetuneConfig
+from bert_mp.data.builtin_corpus import Docstring, iter_stdlib_docstrings
 from bert_mp.errors import ConfigError, DataError
 
 SPLITS = ("train", "validation", "test")

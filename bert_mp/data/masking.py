@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bert_mp.config import DataConfig
+from bert_mp.core.config import DataConfig
 
 # Stream tags keep the masking and pairing randomness apart under one seed.
 STREAM_MASKING = 1

@@ -1,6 +1,6 @@
 """``bert-mp report <sweep dir>``: verdicts, speed ladder, memory, kernel check and plots of a sweep.
 
-Reads the sweep manifest (``sweep.json``, written by ``bert_mp.sweep``), every run folder
+Reads the sweep manifest (``sweep.json``, written by ``bert_mp.sweep.runner``), every run folder
 (``summary.json`` + ``metrics.jsonl``, see docs/architecture.md) and the diagnostics probes, and
 writes ``report.md``, a self-contained ``report.html`` (plots embedded as base64 PNG),
 ``summary.json`` and ``plots/*.png``. Verdicts are recomputed from the run data every time, so a
@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bert_mp import diagnostics, parity
+from bert_mp.core.io import atomic_write_json, atomic_write_text, read_jsonl
 from bert_mp.errors import ConfigError
-from bert_mp.io import atomic_write_json, atomic_write_text, read_jsonl
+from bert_mp.sweep import diagnostics, parity
 
 MANIFEST = "sweep.json"
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from bert_mp.config import TrainConfig
+from bert_mp.core.config import TrainConfig
 
 # Parameters named like these are LayerNorm weights; they and every bias get no weight decay.
 _NO_DECAY_NAMES = ("LayerNorm.weight", "layer_norm.weight", "norm.weight")

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core.io import read_jsonl
 from bert_mp.errors import ConfigError
-from bert_mp.io import read_jsonl
 
 log = logging.getLogger(__name__)
 

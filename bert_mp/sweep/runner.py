@@ -27,9 +27,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bert_mp.config import Config, config_from_layers, config_to_dict, load_config, load_yaml, save_config
+from bert_mp.core.config import (
+    Config,
+    config_from_layers,
+    config_to_dict,
+    load_config,
+    load_yaml,
+    save_config,
+)
+from bert_mp.core.io import atomic_write_json
 from bert_mp.errors import ConfigError, HardwareError
-from bert_mp.io import atomic_write_json
 
 MANIFEST = "sweep.json"
 BASE_CONFIG = "base_config.yaml"
@@ -283,7 +290,7 @@ class Sweep:
         atomic_write_json(self.root / MANIFEST, self.manifest())
 
     def run(self) -> None:
-        from bert_mp.precision import resolve_precision
+        from bert_mp.core.precision import resolve_precision
 
         self.root.mkdir(parents=True, exist_ok=True)
         base_file = self.root / BASE_CONFIG
@@ -338,7 +345,7 @@ class Sweep:
 
     def _prepare_data(self, cfgs: list[Config]) -> None:
         """Prepare each distinct data config once, here, so the runs only read the shared cache."""
-        from bert_mp.prepare import prepare
+        from bert_mp.data.prepare import prepare
 
         seen = set()
         for c in cfgs:
@@ -353,10 +360,15 @@ class Sweep:
         import torch
         from transformers import BertForPreTraining
 
-        from bert_mp.diagnostics import dimension_flags, model_dimensions, probe_precision, synthetic_batch
-        from bert_mp.model import PretrainingModel, bert_config
-        from bert_mp.precision import resolve_precision
-        from bert_mp.prepare import prepare
+        from bert_mp.core.precision import resolve_precision
+        from bert_mp.data.prepare import prepare
+        from bert_mp.model.bert import PretrainingModel, bert_config
+        from bert_mp.sweep.diagnostics import (
+            dimension_flags,
+            model_dimensions,
+            probe_precision,
+            synthetic_batch,
+        )
 
         for g in self.groups:
             ref = next(r for r in g.runs if r.role == "reference")
@@ -389,7 +401,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp sweep CONFIG.yaml [key=value ...]``."""
-    from bert_mp import report
+    from bert_mp.sweep import report
 
     cfg, base_path = load_sweep_config(config_path, overrides)
     sweep = Sweep(cfg, base_path, Path(config_path) if config_path else None)

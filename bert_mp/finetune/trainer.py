@@ -3,7 +3,7 @@
 The checkpoint (a bert_mp ``final/`` folder, any BERT folder, or a Hub name) is loaded with
 ``BertForSequenceClassification.from_pretrained``: the pretraining heads (``cls.*``) are left unused
 and only ``classifier.*`` is new, which the run records. Training follows the pretraining loop's
-conventions - Accelerate, one precision plan from :mod:`bert_mp.precision`, fp32 loss, fp16 steps
+conventions - Accelerate, one precision plan from :mod:`bert_mp.core.precision`, fp32 loss, fp16 steps
 skipped by the scaler advance neither the scheduler nor the step count - and writes ``config.yaml``,
 ``metrics.jsonl``, ``summary.json`` and ``final/`` (save_pretrained + tokenizer) into
 ``finetune.output_dir``.
@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
-from bert_mp.config import Config, FinetuneConfig, load_config, save_config
+from bert_mp.core.config import Config, FinetuneConfig, load_config, save_config
+from bert_mp.core.io import JsonlWriter, atomic_write_json
+from bert_mp.core.optim import fused_supported, param_groups
+from bert_mp.core.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 from bert_mp.errors import ConfigError, TrainingError
-from bert_mp.io import JsonlWriter, atomic_write_json
-from bert_mp.optim import fused_supported, param_groups
-from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
-from bert_mp.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
+from bert_mp.finetune.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
 
 # Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
 # and the pooler when the checkpoint came from a model without one (e.g. BertForMaskedLM).

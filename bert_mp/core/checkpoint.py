@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core.io import atomic_write_json
 from bert_mp.errors import TrainingError
-from bert_mp.io import atomic_write_json
 
 MARKER = "COMPLETE"
 LOOP_STATE = "loop_state.json"
@@ -185,7 +185,7 @@ def load_checkpoint(accelerator: Any, folder: Path) -> dict:
 def export_pretrained(accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: Path) -> Path | None:
     """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer.
 
-    ``wrapped`` is the prepared :class:`bert_mp.model.PretrainingModel`; its full state dict is
+    ``wrapped`` is the prepared :class:`bert_mp.model.bert.PretrainingModel`; its full state dict is
     gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native.
     """
     out_dir = Path(out_dir)

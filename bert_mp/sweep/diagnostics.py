@@ -320,13 +320,13 @@ def probe_precision(
 ) -> dict[str, Any]:
     """Measure parameter-state and activation bytes and profile the matmul kernels of one precision.
 
-    ``model`` returns the loss sums of ``bert_mp.model.PretrainingModel``; ``plan`` is a
+    ``model`` returns the loss sums of ``bert_mp.model.bert.PretrainingModel``; ``plan`` is a
     ``PrecisionPlan``. Activation bytes are the unique storages autograd saved for backward in one
     step (exact on any device). Runs an AdamW step so the optimizer state exists when measured.
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from bert_mp.precision import backend_flags
+    from bert_mp.core.precision import backend_flags
 
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -35,15 +35,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bert_mp import checkpoint as ckpt
-from bert_mp.callbacks import StepFacts, TrainContext, build_callbacks, finite_or_none
-from bert_mp.config import Config, config_to_dict, load_config, save_config
-from bert_mp.dropout import install_fast_dropout, resolve_dropout_impl
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.callbacks import StepFacts, TrainContext, build_callbacks, finite_or_none
+from bert_mp.core.config import Config, config_to_dict, load_config, save_config
+from bert_mp.core.io import JsonlWriter, atomic_write_json, read_jsonl
+from bert_mp.core.optim import build_optimizer, build_scheduler
+from bert_mp.core.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 from bert_mp.errors import ConfigError, DataError, TrainingError
-from bert_mp.io import JsonlWriter, atomic_write_json, read_jsonl
-from bert_mp.model import PretrainingModel, build_model, parameter_counts
-from bert_mp.optim import build_optimizer, build_scheduler
-from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
+from bert_mp.model.bert import PretrainingModel, build_model, parameter_counts
+from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 
 
 @dataclass
@@ -256,7 +256,7 @@ def train(cfg: Config, data: Any = None) -> dict:
     """
     from accelerate.utils import set_seed
 
-    from bert_mp.masking import PretrainingCollator
+    from bert_mp.data.masking import PretrainingCollator
 
     tc = cfg.train
     accelerator, plan = _make_accelerator(cfg)
@@ -271,7 +271,7 @@ def train(cfg: Config, data: Any = None) -> dict:
     accumulation = per_rank // tc.micro_batch_size
 
     if data is None:
-        from bert_mp.prepare import load_prepared, prepare
+        from bert_mp.data.prepare import load_prepared, prepare
 
         with accelerator.main_process_first():
             data = load_prepared(prepare(cfg))

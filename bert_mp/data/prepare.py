@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bert_mp.config import Config, DataConfig, load_config, save_config
-from bert_mp.corpus import (
+from bert_mp.core.config import Config, DataConfig, load_config, save_config
+from bert_mp.core.io import atomic_write_json
+from bert_mp.data.corpus import (
     ReadStats,
     describe_source,
     is_file_source,
@@ -38,12 +39,10 @@ from bert_mp.corpus import (
     merge_read_stats,
     resolve_paths,
 )
-from bert_mp.errors import DataError
-from bert_mp.io import atomic_write_json
-from bert_mp.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
-from bert_mp.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
-from bert_mp.segment import build_marker, split_marked_tokens
-from bert_mp.tokenizer import (
+from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
+from bert_mp.data.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
+from bert_mp.data.segment import build_marker, split_marked_tokens
+from bert_mp.data.tokenizer import (
     encoder,
     inline_marker,
     load_tokenizer,
@@ -51,6 +50,7 @@ from bert_mp.tokenizer import (
     save_tokenizer,
     train_wordpiece,
 )
+from bert_mp.errors import DataError
 
 SPLITS = ("train", "validation")
 _STREAM_SPLIT = 3

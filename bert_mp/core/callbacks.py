@@ -261,7 +261,7 @@ REGISTRY: dict[str, Any] = {
     "loss": LossMonitor,
     "memory": MemoryMonitor,
     "loss_scale": LossScaleMonitor,
-    "parity": "bert_mp.parity:ParityCallback",
+    "parity": "bert_mp.sweep.parity:ParityCallback",
 }
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForPreTraining
 
-from bert_mp.config import ModelConfig
+from bert_mp.core.config import ModelConfig
 from bert_mp.errors import ConfigError
 
 
