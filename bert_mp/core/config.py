@@ -12,12 +12,15 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bert_mp.core.precision import PRECISIONS
 from bert_mp.errors import ConfigError
+
+MODEL_PRESETS = ("tiny", "mini", "small", "medium", "base", "large")
 
 
 def _check(cond: bool, key: str, msg: str, value: Any) -> None:
@@ -188,7 +191,7 @@ class ModelConfig:
     bert_mp/model/dropout.py) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
 
     def validate(self) -> None:
-        _choice(self.preset, "model.preset", ("tiny", "mini", "small", "medium", "base", "large"))
+        _choice(self.preset, "model.preset", MODEL_PRESETS)
         _choice(self.attn_implementation, "model.attn_implementation", ("sdpa", "eager"))
         _choice(self.dropout_impl, "model.dropout_impl", ("auto", "torch", "fast"))
         for name in (
@@ -207,24 +210,24 @@ class ModelConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# train
+# what pretraining and fine-tuning share
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class TrainConfig:
-    """The pretraining loop: precision, optimisation, logging, checkpoints."""
+class LoopConfig:
+    """Precision, optimizer, fp16 guards and checkpoints: the fields of every training loop.
+
+    ``train`` and ``finetune`` both extend it, so ``train.precision`` and ``finetune.precision`` are one
+    definition with one validation; a section changes a default by redeclaring the field's value.
+    """
+
+    SECTION: ClassVar[str] = "loop"
 
     output_dir: str = "runs/train"
-    """Run folder: metrics.jsonl, summary.json, config.yaml, checkpoints/, final/."""
+    """Run folder: config.yaml, metrics.jsonl, summary.json, checkpoints/, final/."""
     precision: str = "fp32"
     """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (with dynamic loss scaling)."""
     seed: int = 42
-    """Seed for weight init, data order and dynamic masking."""
-    max_steps: int = 200
-    """Optimizer steps to run."""
-    global_batch_size: int = 32
-    """Sequences per optimizer step across all ranks and accumulation steps."""
-    micro_batch_size: int = 32
-    """Sequences per forward pass per rank; accumulation = global / (micro * ranks)."""
+    """Seed for weight init, data order and dropout (and dynamic masking in pretraining)."""
     learning_rate: float = 1e-3
     """Peak learning rate (reached after warmup)."""
     weight_decay: float = 0.01
@@ -237,12 +240,6 @@ class TrainConfig:
     """AdamW epsilon (BERT: 1e-6)."""
     fused_adamw: bool = True
     """Use fused AdamW where torch supports it on the device."""
-    warmup_steps: int = 0
-    """Linear warmup from 1/warmup_steps of the peak learning rate."""
-    lr_schedule: str = "linear"
-    """linear | polynomial | constant (after warmup)."""
-    lr_power: float = 1.0
-    """Power of the polynomial decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping (0 disables); applied to unscaled gradients."""
     fp16_init_scale: float = 65536.0
@@ -251,18 +248,59 @@ class TrainConfig:
     """fp16: overflow-free steps before the loss scale doubles."""
     max_consecutive_skipped_steps: int = 20
     """fp16: stop (after saving) when this many optimizer steps in a row overflow."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end of pretraining, on a signal or a numerics stop)."""
+    save_total_limit: int = 2
+    """Keep this many most recent checkpoints."""
+    resume: Optional[str] = None
+    """``latest`` or a checkpoint folder to resume from."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar on the main process."""
+
+    def validate(self) -> None:
+        k = f"{self.SECTION}."
+        _choice(self.precision, k + "precision", PRECISIONS)
+        _range(self.seed, k + "seed", 0)
+        _check(self.learning_rate > 0, k + "learning_rate", "must be > 0", self.learning_rate)
+        _range(self.weight_decay, k + "weight_decay", 0.0)
+        _range(self.adam_beta1, k + "adam_beta1", 0.0, 1.0)
+        _range(self.adam_beta2, k + "adam_beta2", 0.0, 1.0)
+        _check(self.adam_epsilon > 0, k + "adam_epsilon", "must be > 0", self.adam_epsilon)
+        _range(self.max_grad_norm, k + "max_grad_norm", 0.0)
+        _check(self.fp16_init_scale > 0, k + "fp16_init_scale", "must be > 0", self.fp16_init_scale)
+        _range(self.fp16_growth_interval, k + "fp16_growth_interval", 1)
+        _range(self.max_consecutive_skipped_steps, k + "max_consecutive_skipped_steps", 1)
+        _range(self.save_every, k + "save_every", 0)
+        _range(self.save_total_limit, k + "save_total_limit", 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# train
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig(LoopConfig):
+    """The pretraining loop: batches, schedule, evaluation, logging, callbacks (plus :class:`LoopConfig`)."""
+
+    SECTION: ClassVar[str] = "train"
+
+    max_steps: int = 200
+    """Optimizer steps to run."""
+    global_batch_size: int = 32
+    """Sequences per optimizer step across all ranks and accumulation steps."""
+    micro_batch_size: int = 32
+    """Sequences per forward pass per rank; accumulation = global / (micro * ranks)."""
+    warmup_steps: int = 0
+    """Linear warmup from 1/warmup_steps of the peak learning rate."""
+    lr_schedule: str = "linear"
+    """linear | polynomial | constant (after warmup)."""
+    lr_power: float = 1.0
+    """Power of the polynomial decay."""
     log_every: int = 10
     """Progress-bar / tracker refresh interval in steps (metrics.jsonl gets every step)."""
     eval_every: int = 0
     """Evaluate on the validation split every N steps (0: only at the end)."""
     eval_max_batches: Optional[int] = None
     """Cap on validation batches per evaluation (None: the whole split)."""
-    save_every: int = 0
-    """Checkpoint every N steps (0: only at the end / on a signal)."""
-    save_total_limit: int = 2
-    """Keep this many most recent checkpoints."""
-    resume: Optional[str] = None
-    """``latest`` or a checkpoint folder to resume from."""
     callbacks: list[str] = field(default_factory=lambda: ["throughput", "loss", "memory", "loss_scale"])
     """Callbacks by name."""
     log_with: list[str] = field(default_factory=list)
@@ -277,14 +315,12 @@ class TrainConfig:
     """Relative MLM-loss deviation (smoothed) beyond which the parity callback reacts."""
     parity_action: str = "warn"
     """warn | stop when the run leaves the parity band."""
-    progress_bar: bool = True
 
     def validate(self) -> None:
-        _choice(self.precision, "train.precision", ("fp32", "tf32", "bf16", "fp16"))
+        super().validate()
         _choice(self.lr_schedule, "train.lr_schedule", ("linear", "polynomial", "constant"))
         _choice(self.parity_action, "train.parity_action", ("warn", "stop"))
         _range(self.max_steps, "train.max_steps", 1)
-        _range(self.seed, "train.seed", 0)
         _check(self.lr_power > 0, "train.lr_power", "must be > 0", self.lr_power)
         _range(self.micro_batch_size, "train.micro_batch_size", 1)
         _range(self.global_batch_size, "train.global_batch_size", 1)
@@ -294,20 +330,9 @@ class TrainConfig:
             f"must be a multiple of train.micro_batch_size={self.micro_batch_size}",
             self.global_batch_size,
         )
-        _check(self.learning_rate > 0, "train.learning_rate", "must be > 0", self.learning_rate)
-        _range(self.weight_decay, "train.weight_decay", 0.0)
-        _range(self.adam_beta1, "train.adam_beta1", 0.0, 1.0)
-        _range(self.adam_beta2, "train.adam_beta2", 0.0, 1.0)
-        _check(self.adam_epsilon > 0, "train.adam_epsilon", "must be > 0", self.adam_epsilon)
         _range(self.warmup_steps, "train.warmup_steps", 0)
-        _range(self.max_grad_norm, "train.max_grad_norm", 0.0)
-        _check(self.fp16_init_scale > 0, "train.fp16_init_scale", "must be > 0", self.fp16_init_scale)
-        _range(self.fp16_growth_interval, "train.fp16_growth_interval", 1)
-        _range(self.max_consecutive_skipped_steps, "train.max_consecutive_skipped_steps", 1)
         _range(self.log_every, "train.log_every", 1)
         _range(self.eval_every, "train.eval_every", 0)
-        _range(self.save_every, "train.save_every", 0)
-        _range(self.save_total_limit, "train.save_total_limit", 1)
         _range(self.num_workers, "train.num_workers", 0)
         _check(self.parity_tolerance > 0, "train.parity_tolerance", "must be > 0", self.parity_tolerance)
         if self.eval_max_batches is not None:
@@ -315,7 +340,7 @@ class TrainConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# sweep (owned by the sweep/report work; see bert_mp/sweep/runner.py)
+# sweep
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class SweepConfig:
@@ -325,7 +350,7 @@ class SweepConfig:
     """Sweep folder: sweep.json, base_config.yaml, runs/<name>/, diagnostics/, report.*, plots/."""
     base: Optional[str] = None
     """Base training recipe (e.g. configs/quickstart.yaml); the sweep file's other sections override it."""
-    precisions: list[str] = field(default_factory=lambda: ["fp32", "tf32", "bf16", "fp16"])
+    precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
     """Precisions to run; fp32 is required (it is the parity reference)."""
     micro_batch_sizes: list[int] = field(default_factory=list)
     """Optional axis: train.micro_batch_size values (empty: the base value)."""
@@ -360,7 +385,7 @@ class SweepConfig:
 
     def validate(self) -> None:
         for i, p in enumerate(self.precisions):
-            _choice(p, f"sweep.precisions[{i}]", ("fp32", "tf32", "bf16", "fp16"))
+            _choice(p, f"sweep.precisions[{i}]", PRECISIONS)
         _check(len(self.precisions) > 0, "sweep.precisions", "needs at least one precision", self.precisions)
         _check(
             len(set(self.precisions)) == len(self.precisions),
@@ -373,7 +398,7 @@ class SweepConfig:
         for i, v in enumerate(self.seq_lengths):
             _range(v, f"sweep.seq_lengths[{i}]", 8, 512)
         for i, v in enumerate(self.presets):
-            _choice(v, f"sweep.presets[{i}]", ("tiny", "mini", "small", "medium", "base", "large"))
+            _choice(v, f"sweep.presets[{i}]", MODEL_PRESETS)
         _choice(self.launcher, "sweep.launcher", ("auto", "python", "accelerate"))
         _range(self.num_processes, "sweep.num_processes", 1)
         _range(self.parity_window, "sweep.parity_window", 1)
@@ -392,14 +417,17 @@ class SweepConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# finetune (owned by the finetune work; see bert_mp/finetune/trainer.py)
+# finetune
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class FinetuneConfig:
-    """Sequence-classification fine-tuning of an exported checkpoint (``bert-mp finetune``)."""
+class FinetuneConfig(LoopConfig):
+    """Sequence-classification fine-tuning of an exported checkpoint (plus :class:`LoopConfig`)."""
+
+    SECTION: ClassVar[str] = "finetune"
 
     output_dir: str = "runs/finetune"
-    """Run folder: config.yaml, metrics.jsonl, summary.json, final/ (save_pretrained + tokenizer)."""
+    learning_rate: float = 5e-5
+    adam_epsilon: float = 1e-8
     checkpoint: Optional[str] = None
     """Exported bert_mp folder (a train run folder means its final/), any BERT checkpoint path, or Hub name."""
     init: str = "pretrained"
@@ -442,10 +470,6 @@ class FinetuneConfig:
     """builtin tasks: drop docstrings shorter than this many words (no signal in them)."""
     max_seq_length: int = 128
     """Tokens per example; longer texts are truncated (and counted). At most the model's positions."""
-    precision: str = "fp32"
-    """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (dynamic loss scaling): same modes as pretraining."""
-    seed: int = 42
-    """Seed for the classifier init, data order and dropout."""
     epochs: int = 3
     """Passes over the training data (unless finetune.max_steps is set)."""
     max_steps: int = 0
@@ -454,21 +478,17 @@ class FinetuneConfig:
     """Examples per optimizer step."""
     eval_batch_size: int = 64
     """Examples per evaluation forward pass."""
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     """Linear warm-up over this share of the steps, then linear decay to zero."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping (0 disables); applied to unscaled gradients."""
     eval_every: int = 0
     """Evaluate on validation every N steps (0: at the end of every epoch)."""
     select_best: bool = True
     """Test and save the weights of the best validation macro-F1 (False: the last weights)."""
     save_model: bool = True
     """Write final/ (save_pretrained + tokenizer) at the end."""
-    progress_bar: bool = True
 
     def validate(self) -> None:
+        super().validate()
         _choice(self.init, "finetune.init", ("pretrained", "random"))
         task_ok = self.task in ("builtin-package", "builtin-kind", "local", "hub") or (
             self.task.startswith("glue/") and len(self.task) > len("glue/")
@@ -489,21 +509,16 @@ class FinetuneConfig:
         if self.task == "hub":
             _check(bool(self.hub_name), "finetune.hub_name", "task=hub needs a dataset name", self.hub_name)
         _choice(self.unseen_labels, "finetune.unseen_labels", ("count", "error"))
-        _choice(self.precision, "finetune.precision", ("fp32", "tf32", "bf16", "fp16"))
         _range(self.validation_fraction, "finetune.validation_fraction", 0.01, 0.5)
         _range(self.builtin_min_modules, "finetune.builtin_min_modules", 3)
         _range(self.builtin_min_examples, "finetune.builtin_min_examples", 1)
         _range(self.builtin_min_words, "finetune.builtin_min_words", 1)
         _range(self.max_seq_length, "finetune.max_seq_length", 8, 8192)
-        _range(self.seed, "finetune.seed", 0)
         _range(self.epochs, "finetune.epochs", 1)
         _range(self.max_steps, "finetune.max_steps", 0)
         _range(self.batch_size, "finetune.batch_size", 1)
         _range(self.eval_batch_size, "finetune.eval_batch_size", 1)
-        _check(self.learning_rate > 0, "finetune.learning_rate", "must be > 0", self.learning_rate)
-        _range(self.weight_decay, "finetune.weight_decay", 0.0)
         _range(self.warmup_ratio, "finetune.warmup_ratio", 0.0, 1.0)
-        _range(self.max_grad_norm, "finetune.max_grad_norm", 0.0)
         _range(self.eval_every, "finetune.eval_every", 0)
 
 

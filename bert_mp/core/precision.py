@@ -4,7 +4,7 @@ Nothing else in bert_mp branches on the precision name: the training loop asks t
 autocast context, a scaler and the ``mixed_precision`` value for Accelerate, and records
 ``describe()`` (read back from torch after the flags were applied) in ``summary.json``.
 
-Semantics (GUIDE section 3):
+Semantics:
 
 - fp32: fp32 storage and math, TF32 explicitly off (CUDA matmul and cuDNN), matmul precision
   ``highest``.

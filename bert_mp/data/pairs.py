@@ -2,7 +2,7 @@
 
 A block of documents is held as one flat token array plus sentence offsets, so every segment is
 a contiguous slice and a pair is five integers ``(a_start, a_end, b_start, b_end, label)``. Per
-document (GUIDE section 3): a target length (``max_seq_length - 3``, or with ``short_seq_prob`` a
+document (the original BERT generator): a target length (``max_seq_length - 3``, or with ``short_seq_prob`` a
 random length in ``[2, max]``); sentences accumulate into a chunk until the target is reached; a
 random split point makes A; with probability ``p`` (always when the chunk has one segment) B
 comes from a *different* document of the block and the unused segments are put back, otherwise B
