@@ -172,7 +172,7 @@ def main() -> None:
     model_vocab = -(-args.vocab // 64) * 64  # what `bert-mp prepare` gives the model (multiple of 64)
     data = synthetic_prepared(n, args.seq, args.vocab, model_vocab)
     # bert_mp's sampler order for its seed/epoch 0, so the baseline sees the same examples
-    from bert_mp.pretrain.trainer import epoch_order
+    from bert_mp.pretrain.batches import epoch_order
 
     order = epoch_order(n, 42, 0)
     load_before = os.getloadavg()

@@ -8,10 +8,13 @@ tiny model's loss visibly falls within a few dozen steps.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
+import torch
 from datasets import Dataset, DatasetDict
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -138,3 +141,48 @@ def run_in_subprocess_main(argv: list[str]) -> None:
         callbacks.REGISTRY["stop_at"] = StopAt
         cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
     train(cfg, load_fixture(Path(argv[1])))
+
+
+# --------------------------------------------------------------------------------------------------
+# fault injection through the trainer's build_model seam
+# --------------------------------------------------------------------------------------------------
+def nan_forward_builder(bad: Callable[[int], bool]) -> Callable[..., Any]:
+    """A ``build_model`` whose training forwards numbered (1-based) ``n`` with ``bad(n)`` give NaN."""
+    from bert_mp.model.bert import build_model
+
+    calls: list[int] = []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return output
+            calls.append(1)
+            return output * float("nan") if bad(len(calls)) else output
+
+        model.bert.embeddings.register_forward_hook(hook)
+        return model
+
+    return build
+
+
+def inf_grad_builder(bad: Callable[[int], bool] | None, snapshots: list | None = None) -> Callable[..., Any]:
+    """A ``build_model`` whose backward passes numbered ``n`` with ``bad(n)`` (None: all) give inf
+    gradients in one weight; ``snapshots`` collects that weight as each backward pass saw it."""
+    from bert_mp.model.bert import build_model
+
+    seen = snapshots if snapshots is not None else []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+        w = model.bert.encoder.layer[0].output.dense.weight
+
+        def hook(grad):
+            seen.append(w.detach().clone())
+            return torch.full_like(grad, float("inf")) if bad is None or bad(len(seen)) else grad
+
+        w.register_hook(hook)
+        return model
+
+    return build

@@ -21,6 +21,7 @@ from bert_mp.core import checkpoint as ckpt
 from bert_mp.core.config import save_config
 from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
+from bert_mp.model.bert import build_model
 
 TESTS = Path(__file__).parent
 
@@ -83,19 +84,16 @@ def test_resume_mid_epoch_in_fresh_process_is_bit_identical(tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-def _finished_run(tmp_path: Path, monkeypatch=None, **kw) -> tuple[Path, list]:
+def _finished_run(tmp_path: Path, **kw) -> tuple[Path, list]:
     data = make_prepared(tmp_path / "data")
     built: list = []
-    if monkeypatch is not None:
-        real = train_mod.build_model
 
-        def build(*a, **k):
-            built.append(real(*a, **k))
-            return built[-1]
+    def build(*a, **k):
+        built.append(build_model(*a, **k))
+        return built[-1]
 
-        monkeypatch.setattr(train_mod, "build_model", build)
     cfg = tiny_config(tmp_path / "run", **{"max_steps": 6, "save_every": 2, "save_total_limit": 2, **kw})
-    train_mod.train(cfg, data)
+    train_mod.train(cfg, data, build_model=build)
     return tmp_path / "run", built
 
 
@@ -155,8 +153,8 @@ def test_resume_without_metrics_log_continues(tmp_path):
     assert steps == [3]
 
 
-def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path, monkeypatch):
-    run, built = _finished_run(tmp_path, monkeypatch)
+def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path):
+    run, built = _finished_run(tmp_path)
     trained = built[0].eval()
     final = run / "final"
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()

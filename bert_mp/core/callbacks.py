@@ -1,6 +1,7 @@
 """Callback protocol and the built-in monitors (throughput + MFU, loss, memory, loss scale).
 
-Callbacks observe; they do not steer. Each hook gets the loop state and a ``logs`` / ``summary`` dict;
+Callbacks observe; they do not steer. A callback's own running figures are its ``state_dict()``,
+saved in every checkpoint and restored on resume, so a resumed run reports the whole run. Each hook gets the loop state and a ``logs`` / ``summary`` dict;
 a callback may ADD its own namespaced keys there (the loop writes the dict after every callback ran)
 and may set ``state.stop_reason`` to ask the loop to save and stop. Nothing else.
 
@@ -75,6 +76,8 @@ class Callback(Protocol):
     def on_step_end(self, state: Any, logs: dict) -> None: ...
     def on_eval_end(self, state: Any, logs: dict) -> None: ...
     def on_train_end(self, state: Any, summary: dict) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, d: dict) -> None: ...
 
 
 class BaseCallback:
@@ -94,6 +97,13 @@ class BaseCallback:
         pass
 
     def on_train_end(self, state: Any, summary: dict) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        """JSON-able running figures (none for a stateless callback)."""
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
         pass
 
 
@@ -177,6 +187,13 @@ class ThroughputMonitor(BaseCallback):
         self.seqs.append(f.sequences)
         self.flops.append(flops)
 
+    def state_dict(self) -> dict:
+        return {"times": self.times, "tokens": self.tokens, "seqs": self.seqs, "flops": self.flops}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.times, self.tokens = list(d["times"]), list(d["tokens"])
+        self.seqs, self.flops = list(d["seqs"]), list(d["flops"])
+
     def on_train_end(self, state: Any, summary: dict) -> None:
         skip = self.warmup_steps if len(self.times) > self.warmup_steps else 0
         t = sum(self.times[skip:])
@@ -217,13 +234,26 @@ def peak_rss_bytes() -> int:
 
 
 class MemoryMonitor(BaseCallback):
-    """Peak device memory: CUDA allocator peak, or the process's peak RSS on CPU."""
+    """Peak device memory: CUDA allocator peak, or the process's peak RSS on CPU (over the whole run,
+    the processes before a resume included)."""
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.earlier_peak = 0
 
     def _peak(self) -> int:
         assert self.ctx is not None
         if self.ctx.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.ctx.device))
-        return peak_rss_bytes()
+            now = int(torch.cuda.max_memory_allocated(self.ctx.device))
+        else:
+            now = peak_rss_bytes()
+        return max(now, self.earlier_peak)
+
+    def state_dict(self) -> dict:
+        return {"peak_bytes": self._peak() if self.ctx else self.earlier_peak}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.earlier_peak = int(d["peak_bytes"])
 
     def on_step_end(self, state: Any, logs: dict) -> None:
         logs["memory/peak_bytes"] = self._peak()

@@ -94,14 +94,14 @@ def find_latest(ckpt_dir: Path) -> Path | None:
     return None
 
 
-def resolve_resume(resume: str, ckpt_dir: Path) -> Path | None:
+def resolve_resume(resume: str, ckpt_dir: Path, key: str = "train.resume") -> Path | None:
     """``latest`` -> newest complete checkpoint (None when there is none); a path -> that, verified."""
     if resume == "latest":
         return find_latest(ckpt_dir)
     folder = Path(resume)
     problem = verify(folder) if folder.is_dir() else "no such folder"
     if problem:
-        raise TrainingError(f"train.resume={resume}: cannot resume from it: {problem}")
+        raise TrainingError(f"{key}={resume}: cannot resume from it: {problem}")
     return folder
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from bert_mp.core.config import TrainConfig
+from bert_mp.core.config import LoopConfig, TrainConfig
 
 # Parameters named like these are LayerNorm weights; they and every bias get no weight decay.
 _NO_DECAY_NAMES = ("LayerNorm.weight", "layer_norm.weight", "norm.weight")
@@ -45,7 +46,7 @@ def fused_supported(device: torch.device) -> bool:
     return True
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: LoopConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`, fused when asked for and supported on ``device``."""
     fused = bool(cfg.fused_adamw and fused_supported(torch.device(device)))
     return torch.optim.AdamW(
@@ -57,13 +58,33 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     )
 
 
-def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
+@dataclass(frozen=True)
+class Schedule:
+    """Warmup then decay of the peak learning rate, over optimizer steps that were not skipped."""
+
+    warmup_steps: int
+    total_steps: int
+    kind: str = "linear"
+    """linear | polynomial | constant (after warmup)."""
+    power: float = 1.0
+    warmup_from_zero: bool = False
+    """Warmup multiplier ``step / warmup`` (Hugging Face's linear schedule, fine-tuning) instead of
+    BERT's ``(step + 1) / warmup`` (pretraining)."""
+
+    @classmethod
+    def from_train(cls, cfg: TrainConfig) -> Schedule:
+        return cls(cfg.warmup_steps, cfg.max_steps, cfg.lr_schedule, cfg.lr_power)
+
+
+def lr_lambda(schedule: Schedule | TrainConfig) -> Callable[[int], float]:
     """Multiplier of the peak learning rate after ``step`` optimizer steps."""
-    warmup, total, kind, power = cfg.warmup_steps, cfg.max_steps, cfg.lr_schedule, cfg.lr_power
+    s = schedule if isinstance(schedule, Schedule) else Schedule.from_train(schedule)
+    warmup, total, kind, power = s.warmup_steps, s.total_steps, s.kind, s.power
+    first = 0 if s.warmup_from_zero else 1
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
-            return (step + 1) / warmup
+            return (step + first) / warmup
         if kind == "constant":
             return 1.0
         remaining = max(0, total - step) / max(1, total - warmup)
@@ -72,6 +93,6 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
     return factor
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+def build_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule | TrainConfig) -> LambdaLR:
     """Warmup then decay; stepped by the loop only after an optimizer step that was not skipped."""
-    return LambdaLR(optimizer, lr_lambda(cfg))
+    return LambdaLR(optimizer, lr_lambda(schedule))

@@ -372,6 +372,19 @@ class ParityCallback:
         logs["parity/eval_mlm_rel_dev"] = rel
         self._eval_dev.append({"step": step, "rel_dev": rel})
 
+    _STATE = ("_outside", "_max_rel", "_steps_outside", "_first_outside", "_compared", "_eval_dev")
+
+    def state_dict(self) -> dict:
+        """The smoothing windows and the excursion record, so a resumed run judges the whole run."""
+        d = {k.lstrip("_"): getattr(self, k) for k in self._STATE}
+        return {**d, "run_buf": list(self._run_buf), "ref_buf": list(self._ref_buf)}
+
+    def load_state_dict(self, d: dict) -> None:
+        for k in self._STATE:
+            setattr(self, k, d[k.lstrip("_")])
+        self._run_buf.extend(d["run_buf"])
+        self._ref_buf.extend(d["ref_buf"])
+
     def on_train_end(self, state: Any, summary: dict) -> None:
         summary["parity"] = {
             "reference": self.reference_path,
