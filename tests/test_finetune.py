@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,7 @@ def test_long_texts_are_truncated_and_counted(tok):
 # runs
 # --------------------------------------------------------------------------------------------------
 def _overrides(ckpt, tmp_path, **extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     base = {
         "checkpoint": ckpt,
         "task": "local",
@@ -293,3 +295,110 @@ def test_unseen_validation_labels_counted_or_refused(tmp_path, ckpt):
     cfg = load_config(None, _overrides(ckpt, tmp_path, validation_file=val, unseen_labels="error"))
     with pytest.raises(DataError, match="never seen in train: 'river' x4"):
         run_finetune(cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# the shared training core: numerics guard, checkpoints, SIGTERM and resume
+# --------------------------------------------------------------------------------------------------
+def _reset_accelerate():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def _classifier_with_hook(on_training_forward):
+    """A ``build_classifier`` whose model calls ``on_training_forward(n)`` on its n-th training forward;
+    what that returns (None: unchanged) replaces the embeddings' output."""
+    calls = []
+
+    def build(*args, **kwargs):
+        model, info = build_classifier(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return output
+            calls.append(1)
+            replaced = on_training_forward(len(calls), output)
+            return output if replaced is None else replaced
+
+        model.bert.embeddings.register_forward_hook(hook)
+        return model, info
+
+    return build
+
+
+def _safetensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_fp16_nan_storm_stops_like_pretraining(tmp_path, ckpt, emulate_precision):
+    """Every forward from step 4 on is NaN: three skipped steps in a row save the last good state and
+    stop with the numerics guard's message, the one pretraining stops with."""
+    from bert_mp.core import checkpoint as ck
+    from bert_mp.errors import TrainingError
+
+    kw = dict(
+        precision="fp16", max_steps=5, save_every=3, save_total_limit=3, max_consecutive_skipped_steps=3
+    )
+    kw.update(save_model=False, select_best=False)
+    run_finetune(load_config(None, _overrides(ckpt, tmp_path / "clean", **kw)))
+    _reset_accelerate()
+    storm = _classifier_with_hook(lambda n, out: out * float("nan") if n >= 4 else None)
+    cfg = load_config(None, _overrides(ckpt, tmp_path / "run", **kw))
+    with pytest.raises(TrainingError) as err:
+        run_finetune(cfg, build_classifier=storm)
+    run = tmp_path / "run" / "out"
+    assert re.fullmatch(
+        r"fp16: 3 optimizer steps in a row overflowed \(loss scale \d+\); checkpoint saved to \S+step_00000003\. "
+        r"Try finetune\.precision=bf16, a lower learning rate, or a smaller finetune\.fp16_init_scale\.",
+        str(err.value),
+    ), str(err.value)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 3 and summary["skipped_steps"] == 3
+    assert ck.find_latest(run / "checkpoints").name == "step_00000003"
+    clean = _safetensors(tmp_path / "clean" / "out" / "checkpoints" / "step_00000003" / "model.safetensors")
+    saved = _safetensors(run / "checkpoints" / "step_00000003" / "model.safetensors")
+    assert saved.keys() == clean.keys() and all(torch.equal(saved[k], clean[k]) for k in clean)
+
+
+def test_nonfinite_fp32_loss_stops_with_a_checkpoint(tmp_path, ckpt):
+    from bert_mp.errors import TrainingError
+
+    poison = _classifier_with_hook(lambda n, out: out * float("nan") if n == 3 else None)
+    cfg = load_config(None, _overrides(ckpt, tmp_path, max_steps=5, save_model=False))
+    with pytest.raises(
+        TrainingError, match=r"non-finite loss \(nan\) at step 3 in fp32; .*finetune\.warmup_ratio"
+    ):
+        run_finetune(cfg, build_classifier=poison)
+    assert (tmp_path / "out" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
+
+
+def test_sigterm_then_resume_is_bit_identical(tmp_path, ckpt):
+    """SIGTERM during step 4 (of 6 per epoch): the run saves and stops; resuming finishes the run with
+    the same per-step losses, evaluations and final weights as an uninterrupted one."""
+    import signal
+
+    kw = dict(max_steps=9, select_best=True)
+    ref = run_finetune(load_config(None, _overrides(ckpt, tmp_path / "ref", **kw)))
+    _reset_accelerate()
+    term = _classifier_with_hook(lambda n, out: os.kill(os.getpid(), signal.SIGTERM) if n == 4 else None)
+    cfg = load_config(None, _overrides(ckpt, tmp_path / "run", **kw))
+    stopped = run_finetune(cfg, build_classifier=term)
+    assert stopped["status"] == "stopped" and stopped["steps"] == 4 and "SIGTERM" in stopped["stop_reason"]
+    _reset_accelerate()
+    cfg.finetune.resume = "latest"
+    resumed = run_finetune(cfg)
+    assert resumed["status"] == "completed" and resumed["resumed_from"].endswith("step_00000004")
+
+    def rows(out):
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k != "time/step_ms"} for line in lines]
+
+    assert rows(tmp_path / "run" / "out") == rows(tmp_path / "ref" / "out")
+    assert resumed["selected"] == ref["selected"] and resumed["test"] == ref["test"]
+    a = _safetensors(tmp_path / "ref" / "out" / "final" / "model.safetensors")
+    b = _safetensors(tmp_path / "run" / "out" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -4,9 +4,11 @@ The checkpoint (a bert_mp ``final/`` folder, any BERT folder, or a Hub name) is 
 ``BertForSequenceClassification.from_pretrained``: the pretraining heads (``cls.*``) are left unused
 and only ``classifier.*`` is new, which the run records. Training follows the pretraining loop's
 conventions - Accelerate, one precision plan from :mod:`bert_mp.core.precision`, fp32 loss, fp16 steps
-skipped by the scaler advance neither the scheduler nor the step count - and writes ``config.yaml``,
-``metrics.jsonl``, ``summary.json`` and ``final/`` (save_pretrained + tokenizer) into
-``finetune.output_dir``.
+skipped by the scaler advance neither the scheduler nor the step count - on the training core it
+shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
+collapse), checkpoints and resume (``finetune.resume=latest``), SIGTERM handling and run log. It
+writes ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every
+``finetune.save_every`` steps) and ``final/`` (save_pretrained + tokenizer) into ``finetune.output_dir``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
-from bert_mp.core.config import Config, FinetuneConfig, load_config, save_config
-from bert_mp.core.io import JsonlWriter, atomic_write_json
-from bert_mp.core.optim import fused_supported, param_groups
-from bert_mp.core.precision import install_scaler, library_versions, optimizer_step, resolve_precision
-from bert_mp.errors import ConfigError, TrainingError
+from bert_mp.core.accelerator import build_accelerator, resolve_plan
+from bert_mp.core.checkpointer import Checkpointer
+from bert_mp.core.config import Config, load_config
+from bert_mp.core.guard import NumericsGuard
+from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
+from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
+from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.runlog import RunLog
+from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.finetune.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
 
 # Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
@@ -263,249 +269,375 @@ def _named(m: dict[str, Any], names: dict[int, str]) -> dict[str, Any]:
     return out
 
 
-def run_finetune(cfg: Config) -> dict[str, Any]:
-    """Fine-tune per ``cfg.finetune`` and return summary.json's content."""
-    from accelerate import Accelerator, PartialState
-    from transformers import BertConfig, DataCollatorWithPadding, get_linear_schedule_with_warmup, set_seed
+class BestValidation:
+    """The best validation so far (macro-F1) and, with ``select_best``, a CPU copy of its weights.
 
-    ft: FinetuneConfig = cfg.finetune
-    t_start = time.perf_counter()
-    ckpt = resolve_checkpoint(ft.checkpoint)
-    tok_ref = ft.tokenizer or ckpt
-    tokenizer = load_tokenizer(tok_ref)
-    # Architecture checks read config.json only, so a mismatch fails before any data work.
-    mcfg = BertConfig.from_pretrained(ckpt)
-    check_vocab(tokenizer, mcfg.vocab_size, ckpt, tok_ref)
-    if ft.max_seq_length > mcfg.max_position_embeddings:
-        raise ConfigError(
-            f"finetune.max_seq_length: {ft.max_seq_length} exceeds the checkpoint's "
-            f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
+    Registered with Accelerate for checkpointing, so a resumed run selects from the whole run.
+    """
+
+    def __init__(self, keep_weights: bool):
+        self.keep_weights = keep_weights
+        self.step: int | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.weights: dict[str, torch.Tensor] | None = None
+        self.last_eval_step = -1
+
+    def offer(self, step: int, metrics: dict[str, Any], model: Any) -> None:
+        if self.metrics is None or metrics["macro_f1"] > self.metrics["macro_f1"]:
+            self.step, self.metrics = step, metrics
+            if self.keep_weights:
+                self.weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "metrics": self.metrics,
+            "weights": self.weights,
+            "last": self.last_eval_step,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.step, self.metrics, self.weights = d["step"], d["metrics"], d["weights"]
+        self.last_eval_step = d["last"]
+
+
+ClassifierBuilder = Callable[..., tuple[Any, dict]]
+"""``build_classifier(checkpoint, labels, init, seed) -> (model, loading record)``."""
+
+
+class FineTuner:
+    """One fine-tuning run over the shared training core. ``build_classifier`` is the seam for tests
+    that inject faults into the model."""
+
+    def __init__(self, cfg: Config, build_classifier: ClassifierBuilder = build_classifier):
+        self.cfg, self.ft = cfg, cfg.finetune
+        self.build_classifier = build_classifier
+        self.state = LoopState()
+        self.t_start = time.perf_counter()
+
+    def run(self) -> dict[str, Any]:
+        """Set up, restore, then step until done; select, test, export and finish."""
+        self.set_up()
+        self.restore()
+        self.start()
+        try:
+            with stop_on_signals(self.state):
+                while self.state.step < self.total_steps and not self.state.stop_reason:
+                    self.train_step()
+        except TrainingError as e:
+            self.finish("failed", error=str(e))
+            raise
+        return self.end()
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def set_up(self) -> None:
+        """Checkpoint and precision checks first (no data work before them), then data, model, loop."""
+        from transformers import BertConfig
+
+        ft = self.ft
+        self.ckpt = resolve_checkpoint(ft.checkpoint)
+        self.tok_ref = ft.tokenizer or self.ckpt
+        self.tokenizer = load_tokenizer(self.tok_ref)
+        # Architecture checks read config.json only, so a mismatch fails before any data work.
+        mcfg = BertConfig.from_pretrained(self.ckpt)
+        check_vocab(self.tokenizer, mcfg.vocab_size, self.ckpt, self.tok_ref)
+        if ft.max_seq_length > mcfg.max_position_embeddings:
+            raise ConfigError(
+                f"finetune.max_seq_length: {ft.max_seq_length} exceeds the checkpoint's "
+                f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
+            )
+        self.plan = resolve_plan(ft)
+        self.load_task()
+        model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
+        self.tokenize()
+        self.accelerator = build_accelerator(self.plan, ft.output_dir)
+        self.log = RunLog(self.accelerator, self.cfg, ft)
+        self.log.write_config()
+        self.build_parts(model)
+
+    def load_task(self) -> None:
+        """The task's splits with label ids; labels unseen in train are counted (or refused)."""
+        ft = self.ft
+        self.task: TaskData = load_task(ft)
+        splits = self.task.splits
+        self.labels = build_label_space(splits["train"]["label"], self.task.stats.get("label_names"))
+        self.unseen: dict[str, dict[str, int]] = {}
+        for split in list(splits):
+            ids, unseen_here = encode_labels(splits[split]["label"], self.labels, split, ft.unseen_labels)
+            if unseen_here:
+                self.unseen[split] = unseen_here
+            splits[split] = splits[split].add_column("label_id", ids)
+        if "train" in self.unseen:
+            raise DataError(
+                f"finetune: train has labels outside its own label space ({self.unseen['train']})"
+            )
+
+    def tokenize(self) -> None:
+        self.tokenized, self.truncated = {}, {}
+        for split, ds in self.task.splits.items():
+            enc, self.truncated[split] = tokenize_split(
+                ds, self.tokenizer, self.ft.max_seq_length, self.task.has_pair
+            )
+            self.tokenized[split] = enc.rename_column("label_id", "labels")
+
+    def build_parts(self, model: Any) -> None:
+        """Loaders, optimizer, schedule and scaler prepared by Accelerate; guard and checkpointer."""
+        from transformers import DataCollatorWithPadding, set_seed
+
+        ft, acc = self.ft, self.accelerator
+        geometry = BatchGeometry.build(
+            ft.batch_size,
+            ft.batch_size // acc.num_processes,
+            acc.num_processes,
+            "finetune.batch_size",
+            "its share per process",
         )
-
-    # A precision the hardware lacks fails here too, before any data work.
-    # Without CUDA, say so explicitly: Accelerate then uses gloo for multi-process CPU launches.
-    cpu = not torch.cuda.is_available()
-    plan = resolve_precision(ft.precision, PartialState(cpu=cpu).device)
-
-    # ---- data ------------------------------------------------------------------------------------
-    task: TaskData = load_task(ft)
-    splits = task.splits
-    class_names = task.stats.get("label_names")
-    labels = build_label_space(splits["train"]["label"], class_names)
-    unseen: dict[str, dict[str, int]] = {}
-    for split in list(splits):
-        ids, unseen_here = encode_labels(splits[split]["label"], labels, split, ft.unseen_labels)
-        if unseen_here:
-            unseen[split] = unseen_here
-        splits[split] = splits[split].add_column("label_id", ids)
-    # Examples of unseen labels in train would mean a label space that does not cover train.
-    assert "train" not in unseen
-
-    # ---- model -----------------------------------------------------------------------------------
-    model, loading = build_classifier(ckpt, labels, ft.init, ft.seed)
-    tokenized, truncated = {}, {}
-    for split, ds in splits.items():
-        tokenized[split], truncated[split] = tokenize_split(ds, tokenizer, ft.max_seq_length, task.has_pair)
-        tokenized[split] = tokenized[split].rename_column("label_id", "labels")
-
-    # ---- accelerator -----------------------------------------------------------------------------
-    accelerator = Accelerator(
-        cpu=cpu,
-        mixed_precision=plan.accelerate_mixed_precision,
-        kwargs_handlers=plan.accelerate_kwargs_handlers(),
-    )
-    plan.apply_backend_flags()
-    world = accelerator.num_processes
-    if ft.batch_size % world:
-        raise ConfigError(f"finetune.batch_size: {ft.batch_size} is not divisible by {world} processes")
-    out = Path(ft.output_dir)
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / "config.yaml")
-
-    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
-    sampler = EpochSampler(len(tokenized["train"]), ft.seed)
-    train_loader = DataLoader(
-        tokenized["train"],
-        batch_size=ft.batch_size // world,
-        sampler=sampler,
-        collate_fn=collate,
-        drop_last=False,
-    )
-    eval_loaders = {
-        s: DataLoader(tokenized[s], batch_size=ft.eval_batch_size, collate_fn=collate)
-        for s in ("validation", "test")
-        if s in tokenized and len(tokenized[s])
-    }
-    steps_per_epoch = math.ceil(len(tokenized["train"]) / ft.batch_size)
-    total_steps = ft.max_steps or ft.epochs * steps_per_epoch
-    fused = fused_supported(accelerator.device)
-    optimizer = torch.optim.AdamW(
-        param_groups(model, ft.weight_decay), lr=ft.learning_rate, fused=fused or None
-    )
-    scheduler = get_linear_schedule_with_warmup(optimizer, round(ft.warmup_ratio * total_steps), total_steps)
-    scaler = install_scaler(accelerator, plan)
-    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
-    eval_loaders = {s: accelerator.prepare(dl) for s, dl in eval_loaders.items()}
-    set_seed(ft.seed + accelerator.process_index)  # dropout streams differ per rank
-
-    # ---- loop ------------------------------------------------------------------------------------
-    writer = JsonlWriter(out / "metrics.jsonl") if accelerator.is_main_process else None
-    names = labels.id2label()
-    best: dict[str, Any] = {"step": None, "metrics": None, "state": None}
-    step, skipped, epoch, examples = 0, 0, 0, 0
-    last_eval_step = -1
-    bar = None
-    if ft.progress_bar and accelerator.is_main_process:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total_steps, desc="finetune", dynamic_ncols=True)
-
-    def validate_now() -> None:
-        nonlocal last_eval_step
-        last_eval_step = step
-        if "validation" not in eval_loaders:
-            return
-        m = evaluate(model, eval_loaders["validation"], accelerator, plan, labels.size)
-        if writer:
-            writer.write(
-                {"step": step, "kind": "eval", "epoch": step / steps_per_epoch, **_log_view("validation", m)}
+        collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=8)
+        self.sampler = EpochSampler(len(self.tokenized["train"]), ft.seed)
+        # Private generators: starting a loader must not draw from the global RNG, or a resumed run's
+        # dropout stream would differ from an uninterrupted one.
+        train_loader = DataLoader(
+            self.tokenized["train"],
+            batch_size=geometry.micro_batch,
+            sampler=self.sampler,
+            collate_fn=collate,
+            drop_last=False,
+            generator=torch.Generator(),
+        )
+        eval_loaders = {
+            s: DataLoader(
+                self.tokenized[s],
+                batch_size=ft.eval_batch_size,
+                collate_fn=collate,
+                generator=torch.Generator(),
             )
-        if best["metrics"] is None or m["macro_f1"] > best["metrics"]["macro_f1"]:
-            best.update(step=step, metrics=m)
-            if ft.select_best:
-                state = accelerator.unwrap_model(model).state_dict()
-                best["state"] = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+            for s in ("validation", "test")
+            if s in self.tokenized and len(self.tokenized[s])
+        }
+        self.steps_per_epoch = math.ceil(len(self.tokenized["train"]) / ft.batch_size)
+        self.total_steps = ft.max_steps or ft.epochs * self.steps_per_epoch
+        optimizer = build_optimizer(model, ft, acc.device)
+        warmup = round(ft.warmup_ratio * self.total_steps)
+        self.scheduler = build_scheduler(optimizer, Schedule(warmup, self.total_steps, warmup_from_zero=True))
+        self.scaler = install_scaler(acc, self.plan)
+        self.model, self.optimizer, self.train_loader = acc.prepare(model, optimizer, train_loader)
+        self.eval_loaders = {s: acc.prepare(dl) for s, dl in eval_loaders.items()}
+        self.best = BestValidation(ft.select_best)
+        acc.register_for_checkpointing(self.scheduler, self.best)
+        set_seed(ft.seed + acc.process_index)  # dropout streams differ per rank
+        self.checkpointer = Checkpointer(acc, ft, self.total_steps)
+        self.guard = NumericsGuard.for_loop(ft, self.scaler, warmup_key="warmup_ratio")
+        self.batches: Any = None
 
-    model.train()
-    t_train = time.perf_counter()
-    while step < total_steps:
-        sampler.set_epoch(epoch)
-        for batch in train_loader:
-            t0 = time.perf_counter()
-            targets = batch.pop("labels")
-            with plan.autocast():
-                logits = model(**batch).logits
-            loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
-            if not torch.isfinite(loss) and scaler is None:
-                raise TrainingError(
-                    f"non-finite fine-tuning loss at step {step + 1} ({plan.name}); lower "
-                    "finetune.learning_rate or raise finetune.warmup_ratio"
-                )
-            accelerator.backward(loss)
-            lr = scheduler.get_last_lr()[0]
-            grad_norm, step_skipped = optimizer_step(
-                accelerator, optimizer, model.parameters(), ft.max_grad_norm, scaler
-            )
-            if step_skipped:
-                skipped += 1
-                continue
-            scheduler.step()
-            step += 1
-            examples += len(targets) * world
-            if writer:
-                row = {
-                    "step": step,
-                    "kind": "train",
-                    "epoch": step / steps_per_epoch,
-                    "loss/ce": float(loss.detach()),
-                    "optim/lr": lr,
-                    "optim/grad_norm": float(grad_norm),
-                    "time/step_ms": 1000 * (time.perf_counter() - t0),
+    # ---- restore and start -------------------------------------------------------------------------
+    def restore(self) -> None:
+        self.resumed_from = self.checkpointer.restore(self.ft.resume, self.state)
+
+    def start(self) -> None:
+        self.log.open(self.state.step if self.resumed_from else None)
+        self.log.start_bar(self.total_steps, self.state.step, "finetune")
+        self.checkpointer.start_clock(self.state)
+        self.model.train()
+
+    def next_batch(self) -> tuple[dict, bool]:
+        """The next training batch from the checkpointed data position; True when it ends an epoch."""
+        if self.batches is None:
+            self.sampler.set_epoch(self.state.epoch)
+            loader = self.train_loader
+            if self.state.batch_in_epoch:
+                loader = self.accelerator.skip_first_batches(loader, self.state.batch_in_epoch)
+            self.batches = iter(loader)
+        batch = next(self.batches)
+        ended = self.state.advance_batch(len(self.train_loader))
+        if ended:
+            self.batches = None
+        return batch, ended
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def train_step(self) -> None:
+        """Forward/backward with an fp32 loss, guard, optimizer step; then record and evaluate."""
+        s, acc = self.state, self.accelerator
+        t0 = time.perf_counter()
+        batch, epoch_ended = self.next_batch()
+        targets = batch.pop("labels")
+        with self.plan.autocast():
+            logits = self.model(**batch).logits
+        loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
+        # one reduction per step: the loss every rank judges the same way, and the stop flag
+        flag = 1.0 if s.pending_signal else 0.0
+        total_loss, stop = acc.reduce(
+            torch.stack([loss.detach(), torch.tensor(flag, device=loss.device)]), "sum"
+        ).tolist()
+        self.guard.check_loss(total_loss, s, self.save_discarding_gradients)
+        acc.backward(loss)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm, skipped = optimizer_step(
+            acc, self.optimizer, self.model.parameters(), self.ft.max_grad_norm, self.scaler
+        )
+        if stop > 0:
+            s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+        self.guard.after_step(skipped, s, self.save)
+        if not skipped:
+            self.scheduler.step()
+            s.step += 1
+            s.examples_seen += len(targets) * acc.num_processes
+            self.record_step(float(loss.detach()), lr, grad_norm, t0)
+            if self.ft.eval_every and s.step % self.ft.eval_every == 0:
+                self.validate()
+        if epoch_ended and not self.ft.eval_every and self.best.last_eval_step != s.step:
+            self.validate()
+        if self.checkpointer.due(s.step) and not skipped:
+            self.save()
+
+    def record_step(self, loss: float, lr: float, grad_norm: Any, t0: float) -> None:
+        row = {
+            "step": self.state.step,
+            "kind": "train",
+            "epoch": self.state.step / self.steps_per_epoch,
+            "loss/ce": loss,
+            "optim/lr": lr,
+            "optim/grad_norm": float(grad_norm),
+            "time/step_ms": 1000 * (time.perf_counter() - t0),
+        }
+        if self.scaler is not None:
+            row.update(
+                {
+                    "amp/loss_scale": float(self.scaler.get_scale()),
+                    "amp/skipped_steps": self.state.skipped_steps,
                 }
-                if scaler is not None:
-                    row.update({"amp/loss_scale": float(scaler.get_scale()), "amp/skipped_steps": skipped})
-                writer.write(row)
-            if bar:
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss):.4f}", refresh=False)
-            if ft.eval_every and step % ft.eval_every == 0:
-                validate_now()
-            if step >= total_steps:
-                break
-        epoch += 1
-        if not ft.eval_every and last_eval_step != step:
-            validate_now()
-    if last_eval_step != step:
-        validate_now()
-    train_s = time.perf_counter() - t_train
-    if bar:
-        bar.close()
+            )
+        self.log.write(row)
+        self.log.progress(1, loss=f"{loss:.4f}")
 
-    # ---- select, test, save ----------------------------------------------------------------------
-    inner = accelerator.unwrap_model(model)
-    if ft.select_best and best["state"] is not None:
-        inner.load_state_dict(best["state"])
-    final_val = best["metrics"] if ft.select_best else None
-    if final_val is None and "validation" in eval_loaders:
-        final_val = evaluate(model, eval_loaders["validation"], accelerator, plan, labels.size)
-    test = (
-        evaluate(model, eval_loaders["test"], accelerator, plan, labels.size)
-        if "test" in eval_loaders
-        else None
-    )
-    if writer:
-        if test is not None:
-            writer.write({"step": step, "kind": "test", **_log_view("test", test)})
-        writer.close()
+    def validate(self) -> None:
+        step = self.state.step
+        self.best.last_eval_step = step
+        if "validation" not in self.eval_loaders:
+            return
+        m = evaluate(
+            self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
+        )
+        self.log.write(
+            {"step": step, "kind": "eval", "epoch": step / self.steps_per_epoch, **_log_view("validation", m)}
+        )
+        self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
 
-    final_dir = None
-    if ft.save_model:
+    def save(self) -> Path:
+        return self.checkpointer.save(self.state)
+
+    def save_discarding_gradients(self) -> Path:
+        """Save the state before a step whose loss is not finite (its gradients are dropped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.save()
+
+    # ---- select, test, export, finish --------------------------------------------------------------
+    def end(self) -> dict[str, Any]:
+        """A stopped run saves and stops; a finished one validates, selects, tests and exports."""
+        self.log.close_bar()
+        if self.state.stop_reason:
+            self.save()
+            return self.finish("stopped")
+        if self.best.last_eval_step != self.state.step:
+            self.validate()
+        inner = self.accelerator.unwrap_model(self.model)
+        if self.ft.select_best and self.best.weights is not None:
+            inner.load_state_dict(self.best.weights)
+        final_val = self.best.metrics if self.ft.select_best else None
+        if final_val is None and "validation" in self.eval_loaders:
+            final_val = evaluate(
+                self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
+            )
+        test = None
+        if "test" in self.eval_loaders:
+            test = evaluate(
+                self.model, self.eval_loaders["test"], self.accelerator, self.plan, self.labels.size
+            )
+            self.log.write({"step": self.state.step, "kind": "test", **_log_view("test", test)})
+        final_dir = self.export(inner) if self.ft.save_model else None
+        return self.finish("completed", final_val, test, final_dir)
+
+    def export(self, inner: Any) -> Path:
+        """final/: save_pretrained + tokenizer, renamed into place when complete."""
+        out = Path(self.ft.output_dir)
         final_dir = out / "final"
-        if accelerator.is_main_process:
+        if self.accelerator.is_main_process:
             tmp = out / ".tmp-final"
             shutil.rmtree(tmp, ignore_errors=True)
             inner.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
             shutil.rmtree(final_dir, ignore_errors=True)
             os.replace(tmp, final_dir)
-        accelerator.wait_for_everyone()
+        self.accelerator.wait_for_everyone()
+        return final_dir
 
-    summary = {
-        "status": "completed",
-        "checkpoint": ckpt,
-        "tokenizer": tok_ref,
-        "loading": {
-            "init": loading["init"],
-            "newly_initialized": loading["newly_initialized"][:50],
-            "newly_initialized_count": len(loading["newly_initialized"]),
-            "unused": loading["unused"],
-        },
-        "task": {
+    def finish(
+        self,
+        status: str,
+        final_val: dict | None = None,
+        test: dict | None = None,
+        final_dir: Path | None = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        s, ft, names = self.state, self.ft, self.labels.id2label()
+        inner = self.accelerator.unwrap_model(self.model)
+        train_s = self.checkpointer.elapsed()
+        summary = {
+            "status": status,
+            "resumed_from": self.resumed_from,
+            "checkpoint": self.ckpt,
+            "tokenizer": self.tok_ref,
+            "loading": {
+                "init": self.loading["init"],
+                "newly_initialized": self.loading["newly_initialized"][:50],
+                "newly_initialized_count": len(self.loading["newly_initialized"]),
+                "unused": self.loading["unused"],
+            },
+            "task": self.task_summary(),
+            "steps": s.step,
+            "epochs_started": s.epoch + (1 if s.batch_in_epoch else 0),
+            "skipped_steps": s.skipped_steps,
+            "stop_reason": s.stop_reason,
+            "train_elapsed_s": train_s,
+            "elapsed_s": time.perf_counter() - self.t_start,
+            "throughput": {"examples_per_sec": s.examples_seen / train_s if train_s > 0 else None},
+            "selected": {
+                "step": self.best.step if ft.select_best else s.step,
+                "rule": "best validation macro_f1" if ft.select_best else "last step",
+            },
+            "validation": _named(final_val, names) if final_val else None,
+            "test": _named(test, names) if test else None,
+            "precision": self.plan.describe(self.scaler),
+            "versions": library_versions(),
+            "model": {
+                "hidden_size": inner.config.hidden_size,
+                "num_hidden_layers": inner.config.num_hidden_layers,
+                "parameters": sum(p.numel() for p in inner.parameters()),
+            },
+            "final": str(final_dir) if final_dir else None,
+        }
+        if error:
+            summary["error"] = error
+        self.log.finish(summary)
+        return summary
+
+    def task_summary(self) -> dict[str, Any]:
+        task, ft = self.task, self.ft
+        return {
             "name": task.name,
-            "labels": labels.names,
-            "num_labels": labels.size,
-            "sizes": {s: len(ds) for s, ds in tokenized.items()},
-            "truncated": truncated,
+            "labels": self.labels.names,
+            "num_labels": self.labels.size,
+            "sizes": {s: len(ds) for s, ds in self.tokenized.items()},
+            "truncated": self.truncated,
             "max_seq_length": ft.max_seq_length,
-            "unseen_labels": unseen,
+            "unseen_labels": self.unseen,
             "unseen_policy": ft.unseen_labels,
             **{k: v for k, v in task.stats.items() if k not in ("label_names", "classes")},
-        },
-        "steps": step,
-        "epochs_started": epoch,
-        "skipped_steps": skipped,
-        "train_elapsed_s": train_s,
-        "elapsed_s": time.perf_counter() - t_start,
-        "throughput": {"examples_per_sec": examples / train_s if train_s > 0 else None},
-        "selected": {
-            "step": best["step"] if ft.select_best else step,
-            "rule": "best validation macro_f1" if ft.select_best else "last step",
-        },
-        "validation": _named(final_val, names) if final_val else None,
-        "test": _named(test, names) if test else None,
-        "precision": plan.describe(scaler),
-        "versions": library_versions(),
-        "model": {
-            "hidden_size": inner.config.hidden_size,
-            "num_hidden_layers": inner.config.num_hidden_layers,
-            "parameters": sum(p.numel() for p in inner.parameters()),
-        },
-        "final": str(final_dir) if final_dir else None,
-    }
-    if accelerator.is_main_process:
-        atomic_write_json(out / "summary.json", summary)
-    return summary
+        }
+
+
+def run_finetune(cfg: Config, *, build_classifier: ClassifierBuilder = build_classifier) -> dict[str, Any]:
+    """Fine-tune per ``cfg.finetune`` and return summary.json's content."""
+    return FineTuner(cfg, build_classifier).run()
 
 
 def _fmt(v: Any) -> str:
