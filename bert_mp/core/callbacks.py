@@ -25,8 +25,8 @@ from bert_mp.errors import ConfigError
 
 
 @dataclass
-class StepFacts:
-    """Raw facts of one optimizer step, summed over its micro-batches and all ranks."""
+class LossSums:
+    """MLM and NSP loss sums, correct predictions and counts (what ``PretrainingModel`` returns)."""
 
     mlm_loss_sum: float
     mlm_correct: float
@@ -34,6 +34,12 @@ class StepFacts:
     nsp_loss_sum: float
     nsp_correct: float
     nsp_count: float
+
+
+@dataclass
+class StepFacts(LossSums):
+    """Raw facts of one optimizer step, summed over its micro-batches and all ranks."""
+
     tokens: int
     """Non-padding tokens."""
     padded_tokens: int

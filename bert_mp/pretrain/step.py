@@ -14,20 +14,16 @@ from typing import Any
 
 import torch
 
-SUM_KEYS = ("mlm_loss_sum", "mlm_correct", "mlm_count", "nsp_loss_sum", "nsp_correct", "nsp_count")
+from bert_mp.core.callbacks import LossSums
+
+SUM_KEYS = tuple(f.name for f in fields(LossSums))
 """The loss sums and counts ``PretrainingModel`` returns for a batch."""
 
 
 @dataclass
-class StepTotals:
+class StepTotals(LossSums):
     """A step's figures summed over its micro-batches and all ranks: ONE fused all-reduce, by name."""
 
-    mlm_loss_sum: float
-    mlm_correct: float
-    mlm_count: float
-    nsp_loss_sum: float
-    nsp_correct: float
-    nsp_count: float
     tokens: float
     """Non-padding tokens."""
     padded_tokens: float
