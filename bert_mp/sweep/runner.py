@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,16 @@ from bert_mp.core.config import (
 )
 from bert_mp.core.io import atomic_write_json
 from bert_mp.errors import ConfigError, HardwareError
-
-MANIFEST = "sweep.json"
-BASE_CONFIG = "base_config.yaml"
-FINAL_STATUSES = ("completed", "failed")
-"""A run whose summary.json has one of these is a result and is not repeated on a re-run."""
+from bert_mp.sweep.record import (
+    BASE_CONFIG,
+    FINAL_STATUSES,
+    GroupEntry,
+    HostInfo,
+    RunEntry,
+    RunSummary,
+    SweepRecord,
+    read_status,
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,32 +90,13 @@ def load_sweep_config(
 # plan
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class PlannedRun:
-    """One training process of the sweep."""
+class GroupPlan:
+    """One group of the plan: its axes, the overrides that set them, and its runs."""
 
-    name: str
-    group: str
-    precision: str
-    role: str
-    """reference (fp32, the group's seed) | seed_spread (fp32, another seed) | candidate."""
-    seed: int
-    overrides: list[str]
-    dir: str
-    """Relative to the sweep folder."""
-    status: str = "pending"
-    reason: str | None = None
-    returncode: int | None = None
-    wall_s: float | None = None
-    cpu_s: float | None = None
-    resumed: bool = False
-
-
-@dataclass
-class Group:
     name: str
     axes: dict[str, Any]
     overrides: list[str]
-    runs: list[PlannedRun] = field(default_factory=list)
+    runs: list[RunEntry] = field(default_factory=list)
 
 
 _AXES = (
@@ -121,7 +107,7 @@ _AXES = (
 )
 
 
-def plan_sweep(cfg: Config) -> list[Group]:
+def plan_sweep(cfg: Config) -> list[GroupPlan]:
     """Groups (one per combination of the non-precision axes) and their runs, fp32 first."""
     sc = cfg.sweep
     listed = [(name, key, tag, getattr(sc, name) or [get(cfg)]) for name, key, tag, get in _AXES]
@@ -134,16 +120,16 @@ def plan_sweep(cfg: Config) -> list[Group]:
         ref_seed = sc.reference_seed if sc.reference_seed is not None else seed + 1
         if ref_seed == seed:
             raise ConfigError(f"sweep.reference_seed: must differ from train.seed={seed} (got {ref_seed})")
-        g = Group(gname, axes, [f"{k}={v}" for k, v in axes.items()])
+        g = GroupPlan(gname, axes, [f"{k}={v}" for k, v in axes.items()])
         prefix = "" if gname == "default" else f"{gname}/"
         order = ["fp32"] + [p for p in sc.precisions if p != "fp32"]
         for p in order:
             role = "reference" if p == "fp32" else "candidate"
-            g.runs.append(PlannedRun(p, gname, p, role, seed, [f"train.precision={p}"], f"runs/{prefix}{p}"))
+            g.runs.append(RunEntry(p, gname, p, role, seed, [f"train.precision={p}"], f"runs/{prefix}{p}"))
             if p == "fp32":
                 name = f"fp32-seed{ref_seed}"
                 g.runs.append(
-                    PlannedRun(
+                    RunEntry(
                         name,
                         gname,
                         "fp32",
@@ -158,7 +144,7 @@ def plan_sweep(cfg: Config) -> list[Group]:
 
 
 def run_config(
-    base_file: Path, group: Group, run: PlannedRun, root: Path, extra: list[str] = ()
+    base_file: Path, group: GroupPlan, run: RunEntry, root: Path, extra: list[str] = ()
 ) -> tuple[Config, list[str]]:
     """The validated config of one run and the overrides that produce it from the base file."""
     ovs = [*group.overrides, *run.overrides, f"train.output_dir={root / run.dir}", *extra]
@@ -194,21 +180,10 @@ def _device() -> Any:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _read_summary(run_dir: Path) -> dict | None:
-    p = run_dir / "summary.json"
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None
-
-
 def run_action(run_dir: Path) -> str:
     """``keep`` a finished run, ``resume`` an interrupted one (from its latest checkpoint, or from
     scratch when it saved none), or start it ``fresh``."""
-    prev = _read_summary(run_dir)
-    if prev is not None and prev.get("status") in FINAL_STATUSES:
+    if read_status(run_dir) in FINAL_STATUSES:
         return "keep"
     return "resume" if run_dir.exists() else "fresh"
 
@@ -219,7 +194,7 @@ def _last_error(log_path: Path) -> str:
     return (errors[-1] if errors else (lines[-1] if lines else "no output")).strip()[:500]
 
 
-def _execute(run: PlannedRun, cmd: list[str], run_dir: Path) -> None:
+def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "launch.log"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -246,12 +221,10 @@ def _execute(run: PlannedRun, cmd: list[str], run_dir: Path) -> None:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     run.cpu_s = (after.ru_utime + after.ru_stime) - cpu0
     run.returncode = returncode
-    summary = _read_summary(run_dir)
-    run.status = (summary or {}).get("status", "failed")
+    summary = RunSummary.load(run_dir)
+    run.status = summary.status if summary else "failed"
     if proc.returncode != 0 or run.status != "completed":
-        run.reason = (
-            (summary or {}).get("error") or (summary or {}).get("stop_reason") or _last_error(log_path)
-        )
+        run.reason = (summary and (summary.error or summary.stop_reason)) or _last_error(log_path)
         if run.status == "completed":  # exited non-zero after writing a completed summary
             run.status = "failed"
 
@@ -267,27 +240,26 @@ class Sweep:
         self.groups = plan_sweep(cfg)
         self.dimension_flags: dict[str, list[str]] = {}
 
-    def manifest(self) -> dict[str, Any]:
+    def record(self) -> SweepRecord:
+        """sweep.json as it stands: the plan and how far each run got."""
         sc = self.cfg.sweep
-        return {
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "sweep_file": str(self.sweep_file) if self.sweep_file else None,
-            "base": str(self.base_path) if self.base_path else None,
-            "launcher": sc.launcher
-            if sc.launcher != "auto"
-            else ("accelerate" if sc.num_processes > 1 else "python"),
-            "host": {
-                "description": f"{platform.system()} {platform.machine()}, {os.cpu_count()} logical CPUs",
-                "python": sys.executable,
-            },
-            "config": config_to_dict(self.cfg),
-            "groups": [{"name": g.name, "axes": g.axes} for g in self.groups],
-            "runs": [asdict(r) for g in self.groups for r in g.runs],
-            "dimension_flags": self.dimension_flags,
-        }
+        auto = "accelerate" if sc.num_processes > 1 else "python"
+        return SweepRecord(
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            sweep_file=str(self.sweep_file) if self.sweep_file else None,
+            base=str(self.base_path) if self.base_path else None,
+            launcher=sc.launcher if sc.launcher != "auto" else auto,
+            host=HostInfo(
+                f"{platform.system()} {platform.machine()}, {os.cpu_count()} logical CPUs", sys.executable
+            ),
+            config=config_to_dict(self.cfg),
+            groups=[GroupEntry(g.name, g.axes) for g in self.groups],
+            runs=[r for g in self.groups for r in g.runs],
+            dimension_flags=self.dimension_flags,
+        )
 
     def write_manifest(self) -> None:
-        atomic_write_json(self.root / MANIFEST, self.manifest())
+        self.record().write(self.root)
 
     def run(self) -> None:
         from bert_mp.core.precision import resolve_precision
@@ -323,8 +295,8 @@ class Sweep:
                 run_dir = self.root / r.dir
                 action = run_action(run_dir)
                 if action == "keep":
-                    prev = _read_summary(run_dir) or {}
-                    r.status, r.reason = prev["status"], prev.get("error")
+                    prev = RunSummary.load(run_dir)
+                    r.status, r.reason = prev.status, prev.error
                     print(f"bert-mp sweep: {label}: {r.status} earlier, kept", flush=True)
                     continue
                 r.resumed = action == "resume"
