@@ -253,24 +253,7 @@ class _BlockPairer:
                 pairs.extend(document_pairs(local, sent_bounds, doc_sents, self.params, rng, balance, pstats))
         st.update(asdict(pstats))
         t3 = time.process_time()
-        if not pairs:
-            table = _empty_table(self.spec is not None)
-        else:
-            input_ids, token_type_ids, offsets, labels = build_examples(flat, pairs, self.cls_id, self.sep_id)
-            cols = {}
-            if self.spec is not None:
-                input_ids, mlm_labels = self._mask(input_ids, offsets, split, block, st)
-                cols["labels"] = mlm_labels
-            offsets = pa.array(offsets.astype(np.int32))
-            cols = {k: pa.ListArray.from_arrays(offsets, pa.array(v)) for k, v in cols.items()}
-            table = pa.table(
-                {
-                    "input_ids": pa.ListArray.from_arrays(offsets, pa.array(input_ids)),
-                    "token_type_ids": pa.ListArray.from_arrays(offsets, pa.array(token_type_ids)),
-                    "next_sentence_label": pa.array(labels),
-                    **cols,
-                }
-            )
+        table = self._examples(flat, pairs, split, block, st)
         t4 = time.process_time()
         st["examples"] = table.num_rows
         st["seconds"] = {
@@ -281,6 +264,26 @@ class _BlockPairer:
         }
         atomic_write_json(self.stats_dir / f"{split}_{block:08d}.json", st)
         return table
+
+    def _examples(self, flat: np.ndarray, pairs: list, split: int, block: int, st: dict) -> pa.Table:
+        """The block's examples as an Arrow table (masked here in static mode)."""
+        if not pairs:
+            return _empty_table(self.spec is not None)
+        input_ids, token_type_ids, offsets, labels = build_examples(flat, pairs, self.cls_id, self.sep_id)
+        cols = {}
+        if self.spec is not None:
+            input_ids, mlm_labels = self._mask(input_ids, offsets, split, block, st)
+            cols["labels"] = mlm_labels
+        offsets = pa.array(offsets.astype(np.int32))
+        cols = {k: pa.ListArray.from_arrays(offsets, pa.array(v)) for k, v in cols.items()}
+        return pa.table(
+            {
+                "input_ids": pa.ListArray.from_arrays(offsets, pa.array(input_ids)),
+                "token_type_ids": pa.ListArray.from_arrays(offsets, pa.array(token_type_ids)),
+                "next_sentence_label": pa.array(labels),
+                **cols,
+            }
+        )
 
     def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):
         """Static masking, keyed by (seed, split, block, example within block)."""
@@ -480,7 +483,7 @@ def _pair_blocks(
     in lane order and are put back in (split, block) order, so the rows are the same for any
     ``num_proc``; that only relies on ``map`` keeping row order, and the balance on its sharding.
     """
-    from datasets import Dataset, concatenate_datasets
+    from datasets import Dataset
     from datasets.table import InMemoryTable
 
     keys = [(s, b) for s in range(len(SPLITS)) for b in range(len(blocks[s]))]
@@ -536,8 +539,14 @@ def _pair_blocks(
         raise RuntimeError(
             f"pairing wrote {len(paired)} rows but the block statistics count {int(examples.sum())}"
         )
-    # each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
-    # block order (an index mapping would copy every row again when the dataset is saved)
+    return _blocks_to_splits(paired, keys, examples, real)
+
+
+def _blocks_to_splits(paired: Any, keys: list, examples: np.ndarray, real: list[int]) -> dict:
+    """Each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
+    block order (an index mapping would copy every row again when the dataset is saved)."""
+    from datasets import concatenate_datasets
+
     start = np.zeros(len(keys), dtype=np.int64)
     start[real] = np.concatenate([[0], np.cumsum(examples[real])[:-1]])
     out = {}

@@ -312,6 +312,36 @@ def synthetic_batch(
     return {k: v.to(device) for k, v in out.items()}
 
 
+def _parameter_state_bytes(params: list[torch.Tensor], opt: Any) -> tuple[int, int, int, int]:
+    """Parameters, and the bytes of weights, gradients and optimizer state."""
+    weights = sum(p.numel() * p.element_size() for p in params)
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    optim = sum(
+        v.numel() * v.element_size()
+        for st in opt.state.values()
+        for v in st.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    )
+    return sum(p.numel() for p in params), weights, grads, optim
+
+
+def _profile(step: Any, device: torch.device, steps: int) -> tuple[Any, list[str]]:
+    """Run ``steps`` steps under the profiler (and oneDNN's verbose log on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    verbose: list[str] = []
+    onednn_ctx: Any = contextlib.nullcontext()
+    if device.type == "cpu":
+        onednn_ctx = torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON)
+    with _capture_fd1(verbose), onednn_ctx, profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(max(1, steps)):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # make sure every kernel of the profiled steps is recorded
+    return prof, verbose
+
+
 def probe_precision(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
@@ -324,8 +354,6 @@ def probe_precision(
     ``PrecisionPlan``. Activation bytes are the unique storages autograd saved for backward in one
     step (exact on any device). Runs an AdamW step so the optimizer state exists when measured.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     from bert_mp.core.precision import backend_flags
 
     device = next(model.parameters()).device
@@ -355,29 +383,10 @@ def probe_precision(
         saved: list[torch.Tensor] = []
         step(saved)
         params = list(model.parameters())
-        param_ptrs = {p.untyped_storage().data_ptr() for p in params}
-        n_params = sum(p.numel() for p in params)
-        weights = sum(p.numel() * p.element_size() for p in params)
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-        optim = sum(
-            v.numel() * v.element_size()
-            for st in opt.state.values()
-            for v in st.values()
-            if torch.is_tensor(v) and v.dim() > 0
-        )
-        activations = _unique_storage_bytes(saved, exclude=param_ptrs)
+        n_params, weights, grads, optim = _parameter_state_bytes(params, opt)
+        activations = _unique_storage_bytes(saved, exclude={p.untyped_storage().data_ptr() for p in params})
         saved.clear()
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        verbose: list[str] = []
-        onednn_ctx: Any = contextlib.nullcontext()
-        if device.type == "cpu":
-            onednn_ctx = torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON)
-        with _capture_fd1(verbose), onednn_ctx, profile(activities=activities, record_shapes=True) as prof:
-            for _ in range(max(1, steps)):
-                step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()  # make sure every kernel of the profiled steps is recorded
+        prof, verbose = _profile(step, device, steps)
     ops, cuda_kernels = _profiled_matmuls(prof)
     onednn = parse_onednn_verbose("".join(verbose)) if device.type == "cpu" else []
     return {

@@ -245,43 +245,35 @@ def verdict(
     worst = "pass"
     for kind, key in VERDICT_CHECKS:
         name = f"{kind}:{key}"
-        value = _metric_value(kind, comparison[name])
         seed = _metric_value(kind, spread_cmp[name]) if spread_cmp is not None else None
-        if value is None:
-            checks[name] = {
-                "value": None,
-                "seed_spread": seed,
-                "tolerance": None,
-                "ratio": None,
-                "status": "n/a",
-            }
-            continue
-        tol = max(seed if seed is not None and math.isfinite(seed) else 0.0, rules.min_spread)
-        ratio = value / tol if math.isfinite(value) else math.inf
-        status = (
-            "pass"
-            if ratio <= rules.warn_multiplier
-            else ("warn" if ratio <= rules.fail_multiplier else "fail")
-        )
-        checks[name] = {
-            "value": value,
-            "seed_spread": seed,
-            "tolerance": tol,
-            "ratio": ratio,
-            "status": status,
-        }
-        if status != "pass" and math.isfinite(value):
-            reasons.append(
-                f"{name} deviates {value:.2%} = {ratio:.1f}x the tolerance {tol:.2%} "
-                f"(warn > {rules.warn_multiplier:g}x, fail > {rules.fail_multiplier:g}x)"
-            )
-        if VERDICTS.index(status) > VERDICTS.index(worst):
-            worst = status
+        checks[name] = _check(name, _metric_value(kind, comparison[name]), seed, rules, reasons)
+        if VERDICTS.index(checks[name]["status"]) > VERDICTS.index(worst):
+            worst = checks[name]["status"]
     if spread is None:
         reasons.append(f"no second fp32 seed: tolerances use the floor min_spread={rules.min_spread:g}")
     return Verdict(
         status="fail" if hard_fail else worst, reasons=reasons, checks=checks, comparison=comparison
     )
+
+
+def _check(
+    name: str, value: float | None, seed: float | None, rules: VerdictRules, reasons: list[str]
+) -> dict:
+    """One check: its deviation over the tolerance ``max(seed spread, min_spread)``, and a reason
+    appended when it does not pass."""
+    if value is None:
+        return {"value": None, "seed_spread": seed, "tolerance": None, "ratio": None, "status": "n/a"}
+    tol = max(seed if seed is not None and math.isfinite(seed) else 0.0, rules.min_spread)
+    ratio = value / tol if math.isfinite(value) else math.inf
+    status = (
+        "pass" if ratio <= rules.warn_multiplier else ("warn" if ratio <= rules.fail_multiplier else "fail")
+    )
+    if status != "pass" and math.isfinite(value):
+        reasons.append(
+            f"{name} deviates {value:.2%} = {ratio:.1f}x the tolerance {tol:.2%} "
+            f"(warn > {rules.warn_multiplier:g}x, fail > {rules.fail_multiplier:g}x)"
+        )
+    return {"value": value, "seed_spread": seed, "tolerance": tol, "ratio": ratio, "status": status}
 
 
 class ParityCallback:

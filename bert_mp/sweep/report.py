@@ -251,11 +251,8 @@ def _plot_deviation(plt: Any, group: GroupResult, rules: parity.VerdictRules, pl
             color = COLORS.get(run.precision, "grey")
             ax.plot(d.steps, [100 * x for x in d.rel], style, color=color, label=run.name)
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("MLM loss deviation from fp32 (%)")
-    ax.set_title(f"Deviation from the fp32 reference ({group.name}); dashed: another fp32 seed")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    title = f"Deviation from the fp32 reference ({group.name}); dashed: another fp32 seed"
+    _label_steps(ax, "MLM loss deviation from fp32 (%)", title)
     return [("Deviation from fp32", _finish(plt, fig, plots_dir / f"{group.name}_deviation.png"))]
 
 
@@ -293,12 +290,17 @@ def _plot_loss_scale(plt: Any, group: GroupResult, rules: parity.VerdictRules, p
         label = f"{run.name} ({h['skipped_steps']} skipped)"
         ax.step(steps, scales, where="post", color=COLORS.get(run.precision), label=label)
     ax.set_yscale("log", base=2)
+    _label_steps(ax, "loss scale", f"fp16 dynamic loss scale ({group.name})")
+    return [("fp16 loss scale", _finish(plt, fig, plots_dir / f"{group.name}_loss_scale.png"))]
+
+
+def _label_steps(ax: Any, ylabel: str, title: str) -> None:
+    """Axes over training steps: labels, title, grid and legend."""
     ax.set_xlabel("step")
-    ax.set_ylabel("loss scale")
-    ax.set_title(f"fp16 dynamic loss scale ({group.name})")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return [("fp16 loss scale", _finish(plt, fig, plots_dir / f"{group.name}_loss_scale.png"))]
 
 
 def _finish(plt: Any, fig: Any, path: Path) -> Path:
