@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from bert_mp.core.config import Config, DataConfig, ModelConfig, TrainConfig
@@ -25,10 +25,29 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_WORDS = 59  # 5 specials + 59 words = 64 tokens
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIALS + [f"w{i}" for i in range(N_WORDS)])}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+def wordpiece_tokenizer(
+    tokens: list[str], bert_text: bool = False, pair_template: bool = False
+) -> PreTrainedTokenizerFast:
+    """A BERT-style tokenizer over a fixed vocabulary (``tokens`` in id order, specials first).
+
+    A fixed vocabulary rather than WordPiece training, whose ties are broken differently from run
+    to run (huggingface/tokenizers#1794), keeps the tests deterministic. ``bert_text``: BERT's
+    lowercasing normalizer and pre-tokenizer (else whitespace); ``pair_template``: the
+    ``[CLS] A [SEP] B [SEP]`` post-processor.
+    """
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+    if bert_text:
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if pair_template:
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="[UNK]",
@@ -37,6 +56,11 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
         sep_token="[SEP]",
         mask_token="[MASK]",
     )
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """The 64-token vocabulary of the prepared-data fixture: specials and w0..w58."""
+    return wordpiece_tokenizer(SPECIALS + [f"w{i}" for i in range(N_WORDS)])
 
 
 def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:

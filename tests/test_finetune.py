@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _train_data import wordpiece_tokenizer
 from safetensors import safe_open
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForPreTraining,
     BertForSequenceClassification,
-    PreTrainedTokenizerFast,
 )
 
 from bert_mp.core.config import load_config
@@ -37,30 +36,13 @@ WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window"
 
 def make_tokenizer(texts, vocab_size=120):
     """A BERT-style WordPiece tokenizer over the words of ``texts`` (plus digits), padded with filler
-    tokens to ``vocab_size``. A fixed vocabulary rather than WordPiece training, whose ties are broken
-    differently from run to run (huggingface/tokenizers#1794), keeps the tests deterministic."""
+    tokens to ``vocab_size``."""
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     words = sorted({w for text in texts for w in text.lower().split() if not w.isdigit()})
     digits = [str(d) for d in range(10)] + [f"##{d}" for d in range(10)]
     vocab = specials + words + digits
     vocab += [f"filler{i}" for i in range(vocab_size - len(vocab))]
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
+    return wordpiece_tokenizer(vocab, bert_text=True, pair_template=True)
 
 
 def make_checkpoint(folder, tokenizer, vocab_size=None, max_pos=64, seed=1234):
