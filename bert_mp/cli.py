@@ -17,21 +17,33 @@ from bert_mp.errors import BertMPError
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
 COMMANDS = {
     "prepare": (
-        "bert_mp.prepare",
+        "bert_mp.data.prepare",
         "command",
         "raw text -> NSP + MLM pretraining data (cached by config hash)",
     ),
-    "train": ("bert_mp.train", "command", "pretrain BertForPreTraining under fp32 / tf32 / bf16 / fp16"),
-    "sweep": ("bert_mp.sweep", "command", "run a precision sweep and write the loss-parity report"),
-    "report": ("bert_mp.report", "command", "(re)write the report of a sweep folder"),
-    "finetune": ("bert_mp.finetune", "command", "fine-tune a checkpoint for sequence classification"),
+    "train": (
+        "bert_mp.pretrain.trainer",
+        "command",
+        "pretrain BertForPreTraining under fp32 / tf32 / bf16 / fp16",
+    ),
+    "sweep": ("bert_mp.sweep.runner", "command", "run a precision sweep and write the loss-parity report"),
+    "report": ("bert_mp.sweep.report", "command", "(re)write the report of a sweep folder"),
+    "finetune": ("bert_mp.finetune.trainer", "command", "fine-tune a checkpoint for sequence classification"),
     "predict": (
-        "bert_mp.predict",
+        "bert_mp.finetune.predict",
         "command",
         "a fine-tuned classifier over a data file -> predictions (+ metrics)",
     ),
-    "export": ("bert_mp.export", "command", "a checkpoint (even of a stopped run) -> a Hugging Face folder"),
-    "config": ("bert_mp.config_doc", "command", "every config key with its type, default and description"),
+    "export": (
+        "bert_mp.core.export",
+        "command",
+        "a checkpoint (even of a stopped run) -> a Hugging Face folder",
+    ),
+    "config": (
+        "bert_mp.core.config_doc",
+        "command",
+        "every config key with its type, default and description",
+    ),
 }
 CONFIG_EPILOG = (
     "Every key, its default and what it does: `bert-mp config` (or `bert-mp config train`, "
@@ -51,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "report":
             sp.add_argument("path", help="sweep output folder")
         elif name == "predict":
-            from bert_mp.predict import add_arguments
+            from bert_mp.finetune.predict import add_arguments
 
             add_arguments(sp)
         elif name == "export":

@@ -5,7 +5,7 @@ Writes the built-in corpus out as text files (documents separated by blank lines
 times, each in a fresh subprocess (so peak RSS is per measurement):
 
   (a) prepare: read, split sentences, tokenize, pair, mask (static only), write - the real
-      ``bert_mp.prepare.prepare`` with ``data.tokenizer`` pointing at the trained tokenizer;
+      ``bert_mp.data.prepare.prepare`` with ``data.tokenizer`` pointing at the trained tokenizer;
   (b) tokenize-only: read the same files, split them into the same documents, and
       ``encode_batch_fast`` them with the same Rust tokenizer in N processes.
 
@@ -50,7 +50,7 @@ def parse_size(text: str) -> int:
 
 def write_corpus(folder: Path, size: int) -> list[Path]:
     """The built-in corpus, paragraph breaks folded into line breaks, repeated into ~2 MB files."""
-    from bert_mp.builtin_corpus import builtin_documents
+    from bert_mp.data.builtin_corpus import builtin_documents
 
     marker = folder / f"COMPLETE-{size}"
     if marker.exists():
@@ -74,8 +74,8 @@ def write_corpus(folder: Path, size: int) -> list[Path]:
 
 
 def ensure_tokenizer(path: Path, vocab_size: int) -> Path:
-    from bert_mp.builtin_corpus import builtin_documents
-    from bert_mp.tokenizer import save_tokenizer, train_wordpiece
+    from bert_mp.data.builtin_corpus import builtin_documents
+    from bert_mp.data.tokenizer import save_tokenizer, train_wordpiece
 
     if not (path / "tokenizer.json").exists():
         tok = train_wordpiece((d["text"] for d in builtin_documents()), vocab_size)
@@ -165,14 +165,14 @@ def _init_worker(tokenizer_path: str) -> None:
     global _ENCODER
     from transformers import AutoTokenizer
 
-    from bert_mp.tokenizer import encoder
+    from bert_mp.data.tokenizer import encoder
 
     _ENCODER = encoder(AutoTokenizer.from_pretrained(tokenizer_path))
 
 
 def _encode_file(path: str) -> tuple[int, float]:
     """Tokens of one file and the CPU seconds it took (this worker's process time)."""
-    from bert_mp.corpus import _BLANK_LINE
+    from bert_mp.data.corpus import _BLANK_LINE
 
     c0 = time.process_time()
     text = Path(path).read_text(encoding="utf-8")
@@ -219,8 +219,8 @@ def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: st
     import transformers  # noqa: F401
     from transformers import AutoTokenizer  # noqa: F401
 
-    from bert_mp.config import load_config
-    from bert_mp.prepare import prepare
+    from bert_mp.core.config import load_config
+    from bert_mp.data.prepare import prepare
 
     cfg = load_config(
         None,

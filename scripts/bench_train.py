@@ -1,9 +1,9 @@
-"""Training throughput: a plain Hugging Face loop vs ``bert_mp.train`` in each available precision.
+"""Training throughput: a plain Hugging Face loop vs ``bert_mp.pretrain.trainer`` in each available precision.
 
 One run, one machine, one model and batch. The baseline is the obvious loop:
 ``BertForPreTraining(**batch, labels=..., next_sentence_label=...).loss``, ``torch.optim.AdamW``,
 fp32, on batches collated in advance (so it pays nothing for data). bert_mp runs its real training
-loop (``bert_mp.train.train``: data loading, masking, logging and all) on the same examples. Both
+loop (``bert_mp.pretrain.trainer.train``: data loading, masking, logging and all) on the same examples. Both
 count non-padding tokens and exclude warm-up steps. ``--repeat`` rounds, each measuring the baseline
 and every precision back to back; the median of the per-round ratios is reported. bert_mp runs
 with its defaults (on CPU that includes ``model.dropout_impl=auto`` -> fast dropout). Prints a
@@ -81,9 +81,9 @@ def bench_baseline(data, args, order: np.ndarray) -> dict:
     """The plain HF loop on pre-collated batches, strict fp32."""
     from transformers import BertForPreTraining
 
-    from bert_mp.config import DataConfig, ModelConfig
-    from bert_mp.masking import PretrainingCollator
-    from bert_mp.model import bert_config
+    from bert_mp.core.config import DataConfig, ModelConfig
+    from bert_mp.data.masking import PretrainingCollator
+    from bert_mp.model.bert import bert_config
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
@@ -115,10 +115,10 @@ def bench_baseline(data, args, order: np.ndarray) -> dict:
 
 
 def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
-    """``bert_mp.train.train`` with the same model and batch; throughput from its own metrics.jsonl."""
-    from bert_mp.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
-    from bert_mp.io import read_jsonl
-    from bert_mp.train import train
+    """``bert_mp.pretrain.trainer.train`` with the same model and batch; throughput from its own metrics.jsonl."""
+    from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
+    from bert_mp.core.io import read_jsonl
+    from bert_mp.pretrain.trainer import train
 
     _reset_accelerate()
     cfg = Config(
@@ -170,15 +170,15 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench_train.json")
     args = p.parse_args()
 
+    from bert_mp.core.precision import device_name, library_versions, resolve_precision
     from bert_mp.errors import HardwareError
-    from bert_mp.precision import device_name, library_versions, resolve_precision
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     n = args.micro_batch * (args.warmup + args.steps)
     model_vocab = -(-args.vocab // 64) * 64  # what `bert-mp prepare` gives the model (multiple of 64)
     data = synthetic_prepared(n, args.seq, args.vocab, model_vocab)
     # bert_mp's sampler order for its seed/epoch 0, so the baseline sees the same examples
-    from bert_mp.train import epoch_order
+    from bert_mp.pretrain.batches import epoch_order
 
     order = epoch_order(n, 42, 0)
     load_before = os.getloadavg()

@@ -17,7 +17,7 @@ SIGTERM). Dropout is on, so the restored RNG streams are checked too.
 Without ``--prepared`` the data comes from ``bert-mp prepare`` (tiny built-in corpus) and every
 training process is the real CLI, ``python -m bert_mp train CONFIG``. ``--prepared DIR`` takes a
 folder in the prepared-data layout of docs/architecture.md and runs this script's ``--child`` mode,
-which feeds that folder to the same ``bert_mp.train.train``.
+which feeds that folder to the same ``bert_mp.pretrain.trainer.train``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from bert_mp import checkpoint as ckpt
-from bert_mp import train as train_mod
-from bert_mp.config import Config, load_config, save_config
-from bert_mp.io import read_jsonl
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.config import Config, load_config, save_config
+from bert_mp.core.io import read_jsonl
+from bert_mp.pretrain import trainer as train_mod
 
 # metrics.jsonl fields that depend on wall-clock time or the machine, not on the computation
 _VOLATILE_PREFIXES = ("time/", "throughput/", "memory/", "data/")

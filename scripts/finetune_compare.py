@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from bert_mp.config import FinetuneConfig, load_config
-from bert_mp.finetune import classification_metrics, load_tokenizer, resolve_checkpoint, run_finetune
-from bert_mp.io import atomic_write_json, atomic_write_text
-from bert_mp.precision import device_name, library_versions
-from bert_mp.tasks import build_label_space, encode_labels, load_task
+from bert_mp.core.config import FinetuneConfig, load_config
+from bert_mp.core.io import atomic_write_json, atomic_write_text
+from bert_mp.core.precision import device_name, library_versions
+from bert_mp.finetune.tasks import build_label_space, encode_labels, load_task
+from bert_mp.finetune.trainer import classification_metrics, load_tokenizer, resolve_checkpoint, run_finetune
 
 ROOT = Path(__file__).resolve().parent.parent
 INITS = ("pretrained", "random")

@@ -9,24 +9,46 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
+import torch
 from datasets import Dataset, DatasetDict
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from bert_mp.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
+from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_WORDS = 59  # 5 specials + 59 words = 64 tokens
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIALS + [f"w{i}" for i in range(N_WORDS)])}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+def wordpiece_tokenizer(
+    tokens: list[str], bert_text: bool = False, pair_template: bool = False
+) -> PreTrainedTokenizerFast:
+    """A BERT-style tokenizer over a fixed vocabulary (``tokens`` in id order, specials first).
+
+    A fixed vocabulary rather than WordPiece training, whose ties are broken differently from run
+    to run (huggingface/tokenizers#1794), keeps the tests deterministic. ``bert_text``: BERT's
+    lowercasing normalizer and pre-tokenizer (else whitespace); ``pair_template``: the
+    ``[CLS] A [SEP] B [SEP]`` post-processor.
+    """
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+    if bert_text:
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if pair_template:
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="[UNK]",
@@ -35,6 +57,11 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
         sep_token="[SEP]",
         mask_token="[MASK]",
     )
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """The 64-token vocabulary of the prepared-data fixture: specials and w0..w58."""
+    return wordpiece_tokenizer(SPECIALS + [f"w{i}" for i in range(N_WORDS)])
 
 
 def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
@@ -126,9 +153,9 @@ def load_fixture(root: Path) -> SimpleNamespace:
 
 def run_in_subprocess_main(argv: list[str]) -> None:
     """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
-    from bert_mp import callbacks
-    from bert_mp.config import load_config
-    from bert_mp.train import exit_code, train
+    from bert_mp.core import callbacks
+    from bert_mp.core.config import load_config
+    from bert_mp.pretrain.trainer import exit_code, train
 
     cfg = load_config(argv[0])
     if len(argv) > 2:
@@ -142,3 +169,48 @@ def run_in_subprocess_main(argv: list[str]) -> None:
         callbacks.REGISTRY["stop_at"] = StopAt
         cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
     sys.exit(exit_code(train(cfg, load_fixture(Path(argv[1])))))  # the codes `bert-mp train` exits with
+
+
+# --------------------------------------------------------------------------------------------------
+# fault injection through the trainer's build_model seam
+# --------------------------------------------------------------------------------------------------
+def nan_forward_builder(bad: Callable[[int], bool]) -> Callable[..., Any]:
+    """A ``build_model`` whose training forwards numbered (1-based) ``n`` with ``bad(n)`` give NaN."""
+    from bert_mp.model.bert import build_model
+
+    calls: list[int] = []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return output
+            calls.append(1)
+            return output * float("nan") if bad(len(calls)) else output
+
+        model.bert.embeddings.register_forward_hook(hook)
+        return model
+
+    return build
+
+
+def inf_grad_builder(bad: Callable[[int], bool] | None, snapshots: list | None = None) -> Callable[..., Any]:
+    """A ``build_model`` whose backward passes numbered ``n`` with ``bad(n)`` (None: all) give inf
+    gradients in one weight; ``snapshots`` collects that weight as each backward pass saw it."""
+    from bert_mp.model.bert import build_model
+
+    seen = snapshots if snapshots is not None else []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+        w = model.bert.encoder.layer[0].output.dense.weight
+
+        def hook(grad):
+            seen.append(w.detach().clone())
+            return torch.full_like(grad, float("inf")) if bad is None or bad(len(seen)) else grad
+
+        w.register_hook(hook)
+        return model
+
+    return build

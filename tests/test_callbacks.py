@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bert_mp.callbacks import (
+from bert_mp.core.callbacks import (
     REGISTRY,
     LossMonitor,
     LossScaleMonitor,
@@ -19,7 +19,7 @@ from bert_mp.callbacks import (
     peak_flops,
     step_flops,
 )
-from bert_mp.config import Config, TrainConfig
+from bert_mp.core.config import Config, TrainConfig
 from bert_mp.errors import ConfigError
 
 
@@ -76,7 +76,7 @@ def test_registry_builds_by_name_in_order():
     with pytest.raises(ConfigError, match="unknown callback 'nope'"):
         build_callbacks(Config(train=TrainConfig(callbacks=["nope"])))
     # parity is resolved lazily and constructed with the full config
-    assert REGISTRY["parity"] == "bert_mp.parity:ParityCallback"
+    assert REGISTRY["parity"] == "bert_mp.sweep.parity:ParityCallback"
     with pytest.raises(ConfigError, match="parity_reference"):
         build_callbacks(Config(train=TrainConfig(callbacks=["parity"])))
 
@@ -147,3 +147,50 @@ def test_loss_memory_and_scale_monitors():
     mon.on_train_start(state, _ctx(cfg, scaler=scaler))
     mon.on_step_end(state, out)
     assert out == {"amp/loss_scale": 256.0, "amp/skipped_steps": 2}
+
+
+def test_resumed_run_reports_throughput_and_parity_of_the_whole_run(tmp_path, monkeypatch):
+    """Callback state is checkpointed: stopped at step 4 and resumed, the throughput and parity
+    figures count all 8 steps, and parity equals the uninterrupted run's exactly."""
+    from _train_data import make_prepared, tiny_config
+    from accelerate.state import AcceleratorState, GradientState
+
+    from bert_mp.core import callbacks
+    from bert_mp.core.callbacks import BaseCallback
+    from bert_mp.pretrain.trainer import train
+
+    class StopAt4(BaseCallback):
+        def on_step_end(self, state, logs):
+            if state.step == 4 and not getattr(self, "resumed", False):
+                state.stop_reason = "test stop at 4"
+
+        def state_dict(self):
+            return {"resumed": True}
+
+        def load_state_dict(self, d):
+            self.resumed = d["resumed"]
+
+    monkeypatch.setitem(callbacks.REGISTRY, "stop_at_4", StopAt4)
+    data = make_prepared(tmp_path / "data")
+
+    def run(name, resume=None, stop=False, **kw):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        names = ["throughput", "loss", "memory", "loss_scale", "parity"] + (["stop_at_4"] if stop else [])
+        cfg = tiny_config(tmp_path / name, max_steps=8, export=False, callbacks=names, resume=resume, **kw)
+        cfg.sweep.parity_window = 3
+        return train(cfg, data)
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    train(tiny_config(tmp_path / "ref_seed", max_steps=8, export=False, seed=7), data)
+    ref = tmp_path / "ref_seed" / "metrics.jsonl"
+    whole = run("whole", parity_reference=str(ref))
+    stopped = run("split", stop=True, parity_reference=str(ref))
+    assert stopped["status"] == "stopped" and stopped["throughput"]["steps_measured"] == 4 - 2
+    resumed = run("split", resume="latest", stop=True, parity_reference=str(ref))
+    assert resumed["status"] == "completed" and resumed["steps"] == 8
+    assert resumed["throughput"]["steps_measured"] == whole["throughput"]["steps_measured"] == 8 - 2
+    assert resumed["parity"]["steps_compared"] == 8
+    assert resumed["parity"] == whole["parity"]
+    assert resumed["memory"]["peak_bytes"] >= stopped["memory"]["peak_bytes"]

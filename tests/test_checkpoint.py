@@ -16,11 +16,12 @@ from _train_data import make_prepared, tiny_config
 from safetensors.torch import load_file
 from transformers import BertForPreTraining, BertForSequenceClassification
 
-import bert_mp.train as train_mod
-from bert_mp import checkpoint as ckpt
-from bert_mp.config import save_config
+import bert_mp.pretrain.trainer as train_mod
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.config import save_config
+from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
-from bert_mp.io import read_jsonl
+from bert_mp.model.bert import build_model
 
 TESTS = Path(__file__).parent
 
@@ -84,19 +85,16 @@ def test_resume_mid_epoch_in_fresh_process_is_bit_identical(tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-def _finished_run(tmp_path: Path, monkeypatch=None, **kw) -> tuple[Path, list]:
+def _finished_run(tmp_path: Path, **kw) -> tuple[Path, list]:
     data = make_prepared(tmp_path / "data")
     built: list = []
-    if monkeypatch is not None:
-        real = train_mod.build_model
 
-        def build(*a, **k):
-            built.append(real(*a, **k))
-            return built[-1]
+    def build(*a, **k):
+        built.append(build_model(*a, **k))
+        return built[-1]
 
-        monkeypatch.setattr(train_mod, "build_model", build)
     cfg = tiny_config(tmp_path / "run", **{"max_steps": 6, "save_every": 2, "save_total_limit": 2, **kw})
-    train_mod.train(cfg, data)
+    train_mod.train(cfg, data, build_model=build)
     return tmp_path / "run", built
 
 
@@ -156,8 +154,8 @@ def test_resume_without_metrics_log_continues(tmp_path):
     assert steps == [3]
 
 
-def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path, monkeypatch):
-    run, built = _finished_run(tmp_path, monkeypatch)
+def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path):
+    run, built = _finished_run(tmp_path)
     trained = built[0].eval()
     final = run / "final"
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
@@ -193,8 +191,8 @@ def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path, mo
 
 def test_bert_mp_export_rebuilds_the_model_from_a_checkpoint(tmp_path):
     from bert_mp.cli import main
+    from bert_mp.core.export import export_checkpoint
     from bert_mp.errors import ConfigError
-    from bert_mp.export import export_checkpoint
 
     run, _ = _finished_run(tmp_path)
     final = load_file(str(run / "final" / "model.safetensors"))
@@ -237,7 +235,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
 def test_atomic_writes_get_the_umask_mode_not_the_temporary_files_0600(tmp_path):
     import os
 
-    from bert_mp.io import atomic_write_json
+    from bert_mp.core.io import atomic_write_json
 
     old = os.umask(0o027)
     try:

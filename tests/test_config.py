@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from bert_mp.cli import main
-from bert_mp.config import Config, load_config
+from bert_mp.core.config import Config, load_config
 from bert_mp.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))

@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from bert_mp.config import Config
-from bert_mp.config_doc import config_rows, describe_config
+from bert_mp.core.config import Config
+from bert_mp.core.config_doc import config_rows, describe_config
 from bert_mp.errors import ConfigError
 
 

@@ -5,7 +5,7 @@ import typing
 
 import pytest
 
-from bert_mp.config import Config, load_config
+from bert_mp.core.config import Config, load_config
 from bert_mp.errors import ConfigError
 
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bert_mp import corpus
-from bert_mp.config import DataConfig
-from bert_mp.corpus import ReadStats, iter_documents, resolve_paths
+from bert_mp.core.config import DataConfig
+from bert_mp.data import corpus
+from bert_mp.data.corpus import ReadStats, iter_documents, resolve_paths
 from bert_mp.errors import DataError
 
 

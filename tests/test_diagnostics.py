@@ -1,8 +1,10 @@
 import torch
 from transformers import BertForPreTraining
 
-from bert_mp.config import ModelConfig
-from bert_mp.diagnostics import (
+from bert_mp.core.config import ModelConfig
+from bert_mp.core.precision import cpu_capabilities, resolve_precision
+from bert_mp.model.bert import PretrainingModel, bert_config
+from bert_mp.sweep.diagnostics import (
     bytes_per_parameter,
     classify_cuda_kernel,
     dimension_flags,
@@ -13,8 +15,6 @@ from bert_mp.diagnostics import (
     speed_ladder,
     synthetic_batch,
 )
-from bert_mp.model import PretrainingModel, bert_config
-from bert_mp.precision import cpu_capabilities, resolve_precision
 
 CPU = torch.device("cpu")
 

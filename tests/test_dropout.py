@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from transformers import BertForPreTraining
 
-from bert_mp import dropout as fd
-from bert_mp.config import ModelConfig
-from bert_mp.model import bert_config
+from bert_mp.core.config import ModelConfig
+from bert_mp.model import dropout as fd
+from bert_mp.model.bert import bert_config
 
 VOCAB = 96
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 import torch
-from _train_data import load_fixture, make_prepared, tiny_config
+from _train_data import inf_grad_builder, load_fixture, make_prepared, nan_forward_builder, tiny_config
 from safetensors.torch import load_file
 
-import bert_mp.train as train_mod
-from bert_mp import checkpoint as ckpt
+import bert_mp.pretrain.trainer as train_mod
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
-from bert_mp.io import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -274,42 +274,11 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_stops(
 # --------------------------------------------------------------------------------------------------
 # NaN storms and loss-scale collapse
 # --------------------------------------------------------------------------------------------------
-def _poison(monkeypatch, bad: Any) -> None:
-    """NaN activations in the training forward passes whose 1-based number satisfies ``bad``."""
-    real = train_mod.build_model
-    calls: list[int] = []
+def _needs(precision: str) -> None:
+    from bert_mp.core.precision import _cpu_supports_bf16, _cpu_supports_fp16
 
-    def build(*args, **kwargs):
-        model = real(*args, **kwargs)
-
-        def hook(module, inputs, output):
-            if not module.training:
-                return output
-            calls.append(1)
-            return output * float("nan") if bad(len(calls)) else output
-
-        model.bert.embeddings.register_forward_hook(hook)
-        return model
-
-    monkeypatch.setattr(train_mod, "build_model", build)
-
-
-def _inf_grads(monkeypatch, bad: Any) -> None:
-    """Inf gradients in the backward passes whose 1-based number satisfies ``bad``."""
-    real = train_mod.build_model
-    calls: list[int] = []
-
-    def build(*args, **kwargs):
-        model = real(*args, **kwargs)
-
-        def hook(grad):
-            calls.append(1)
-            return torch.full_like(grad, float("inf")) if bad(len(calls)) else grad
-
-        model.bert.encoder.layer[0].output.dense.weight.register_hook(hook)
-        return model
-
-    monkeypatch.setattr(train_mod, "build_model", build)
+    if not (_cpu_supports_bf16() if precision == "bf16" else _cpu_supports_fp16()):
+        pytest.skip(f"CPU without {precision} autocast")
 
 
 def _weights(run: Path, step: int) -> dict:
@@ -322,7 +291,7 @@ def _same(a: dict, b: dict) -> bool:
 
 # (fp32/tf32 take the same non-finite-loss path as bf16; tests/test_train.py checks fp32 stops)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, monkeypatch, precision):
+def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, precision):
     kw = dict(
         precision=precision,
         max_steps=4,
@@ -338,11 +307,11 @@ def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, mo
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    _poison(monkeypatch, lambda n: n >= 4)  # every forward from step 4 on is NaN
+    build = nan_forward_builder(lambda n: n >= 4)  # every forward from step 4 on is NaN
     run = tmp_path / "run"
     expected = "3 optimizer steps in a row overflowed" if precision == "fp16" else "non-finite loss"
     with pytest.raises(TrainingError, match=expected):
-        train_mod.train(tiny_config(run, **kw), load_fixture(prepared))
+        train_mod.train(tiny_config(run, **kw), load_fixture(prepared), build_model=build)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and expected in summary["error"] and summary["steps"] == 3
     assert ckpt.find_latest(run / "checkpoints").name == "step_00000003"
@@ -351,13 +320,13 @@ def test_nan_storm_stops_after_saving_the_last_good_state(tmp_path, prepared, mo
     assert not _same(_weights(run, 3), _weights(clean, 4))
 
 
-def test_loss_scale_collapse_stops_with_a_clear_message(tmp_path, prepared, monkeypatch):
+def test_loss_scale_collapse_stops_with_a_clear_message(tmp_path, prepared):
     # every other step overflows: never 20 in a row, but each one halves the scale (8 -> 4 -> 2 -> 1 -> 0.5)
-    _inf_grads(monkeypatch, lambda n: n % 2 == 1)
+    build = inf_grad_builder(lambda n: n % 2 == 1)
     run = tmp_path / "run"
     cfg = tiny_config(run, precision="fp16", max_steps=20, fp16_init_scale=8.0, export=False)
     with pytest.raises(TrainingError, match="loss scale collapsed"):
-        train_mod.train(cfg, load_fixture(prepared))
+        train_mod.train(cfg, load_fixture(prepared), build_model=build)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["steps"] == 3 and summary["skipped_steps"] == 4
     assert ckpt.find_latest(run / "checkpoints").name == "step_00000003"

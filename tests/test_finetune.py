@@ -3,25 +3,26 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _train_data import wordpiece_tokenizer
 from safetensors import safe_open
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForPreTraining,
     BertForSequenceClassification,
-    PreTrainedTokenizerFast,
 )
 
-from bert_mp.config import load_config
+from bert_mp.core.config import load_config
 from bert_mp.errors import ConfigError, DataError, HardwareError
-from bert_mp.finetune import (
+from bert_mp.finetune.tasks import build_label_space
+from bert_mp.finetune.trainer import (
     build_classifier,
     check_vocab,
     classification_metrics,
@@ -29,37 +30,19 @@ from bert_mp.finetune import (
     run_finetune,
     tokenize_split,
 )
-from bert_mp.tasks import build_label_space
 
 WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window", "quiet", "metal"]
 
 
 def make_tokenizer(texts, vocab_size=120):
     """A BERT-style WordPiece tokenizer over the words of ``texts`` (plus digits), padded with filler
-    tokens to ``vocab_size``. A fixed vocabulary rather than WordPiece training, whose ties are broken
-    differently from run to run (huggingface/tokenizers#1794), keeps the tests deterministic."""
+    tokens to ``vocab_size``."""
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     words = sorted({w for text in texts for w in text.lower().split() if not w.isdigit()})
     digits = [str(d) for d in range(10)] + [f"##{d}" for d in range(10)]
     vocab = specials + words + digits
     vocab += [f"filler{i}" for i in range(vocab_size - len(vocab))]
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
+    return wordpiece_tokenizer(vocab, bert_text=True, pair_template=True)
 
 
 def make_checkpoint(folder, tokenizer, vocab_size=None, max_pos=64, seed=1234):
@@ -222,6 +205,7 @@ def test_long_texts_are_truncated_and_counted(tok):
 # runs
 # --------------------------------------------------------------------------------------------------
 def _overrides(ckpt, tmp_path, **extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     base = {
         "checkpoint": ckpt,
         "task": "local",
@@ -367,3 +351,111 @@ def test_mistyped_local_checkpoint_fails_at_once(tmp_path, monkeypatch):
     (tmp_path / "runs").mkdir()
     with pytest.raises(ConfigError, match=r"^finetune\.checkpoint: no such folder: runs/trian$"):
         resolve_checkpoint("runs/trian")
+
+
+# --------------------------------------------------------------------------------------------------
+# the shared training core: numerics guard, checkpoints, SIGTERM and resume
+# --------------------------------------------------------------------------------------------------
+def _reset_accelerate():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def _classifier_with_hook(on_training_forward):
+    """A ``build_classifier`` whose model calls ``on_training_forward(n)`` on its n-th training forward;
+    what that returns (None: unchanged) replaces the embeddings' output."""
+    calls = []
+
+    def build(*args, **kwargs):
+        model, info = build_classifier(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return output
+            calls.append(1)
+            replaced = on_training_forward(len(calls), output)
+            return output if replaced is None else replaced
+
+        model.bert.embeddings.register_forward_hook(hook)
+        return model, info
+
+    return build
+
+
+def _safetensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_fp16_nan_storm_stops_like_pretraining(tmp_path, ckpt):
+    """Every forward from step 4 on is NaN: three skipped steps in a row save the last good state and
+    stop with the numerics guard's message, the one pretraining stops with."""
+    from bert_mp.core import checkpoint as ck
+    from bert_mp.errors import TrainingError
+
+    kw = dict(
+        precision="fp16", max_steps=5, save_every=3, save_total_limit=3, max_consecutive_skipped_steps=3
+    )
+    kw.update(save_model=False, select_best=False)
+    emulated = ["hardware.allow_emulated=true"]  # fp16 on every CPU, emulated where not native
+    run_finetune(load_config(None, [*_overrides(ckpt, tmp_path / "clean", **kw), *emulated]))
+    _reset_accelerate()
+    storm = _classifier_with_hook(lambda n, out: out * float("nan") if n >= 4 else None)
+    cfg = load_config(None, [*_overrides(ckpt, tmp_path / "run", **kw), *emulated])
+    with pytest.raises(TrainingError) as err:
+        run_finetune(cfg, build_classifier=storm)
+    run = tmp_path / "run" / "out"
+    assert re.fullmatch(
+        r"fp16: 3 optimizer steps in a row overflowed \(loss scale \d+\); checkpoint saved to \S+step_00000003\. "
+        r"Try finetune\.precision=bf16, a lower learning rate, or a smaller finetune\.fp16_init_scale\.",
+        str(err.value),
+    ), str(err.value)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 3 and summary["skipped_steps"] == 3
+    assert ck.find_latest(run / "checkpoints").name == "step_00000003"
+    clean = _safetensors(tmp_path / "clean" / "out" / "checkpoints" / "step_00000003" / "model.safetensors")
+    saved = _safetensors(run / "checkpoints" / "step_00000003" / "model.safetensors")
+    assert saved.keys() == clean.keys() and all(torch.equal(saved[k], clean[k]) for k in clean)
+
+
+def test_nonfinite_fp32_loss_stops_with_a_checkpoint(tmp_path, ckpt):
+    from bert_mp.errors import TrainingError
+
+    poison = _classifier_with_hook(lambda n, out: out * float("nan") if n == 3 else None)
+    cfg = load_config(None, _overrides(ckpt, tmp_path, max_steps=5, save_model=False))
+    with pytest.raises(
+        TrainingError, match=r"non-finite loss \(nan\) at step 3 in fp32; .*finetune\.warmup_ratio"
+    ):
+        run_finetune(cfg, build_classifier=poison)
+    assert (tmp_path / "out" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
+
+
+def test_sigterm_then_resume_is_bit_identical(tmp_path, ckpt):
+    """SIGTERM during step 4 (of 6 per epoch): the run saves and stops; resuming finishes the run with
+    the same per-step losses, evaluations and final weights as an uninterrupted one."""
+    import signal
+
+    kw = dict(max_steps=9, select_best=True)
+    ref = run_finetune(load_config(None, _overrides(ckpt, tmp_path / "ref", **kw)))
+    _reset_accelerate()
+    term = _classifier_with_hook(lambda n, out: os.kill(os.getpid(), signal.SIGTERM) if n == 4 else None)
+    cfg = load_config(None, _overrides(ckpt, tmp_path / "run", **kw))
+    stopped = run_finetune(cfg, build_classifier=term)
+    assert stopped["status"] == "stopped" and stopped["steps"] == 4 and "SIGTERM" in stopped["stop_reason"]
+    _reset_accelerate()
+    cfg.finetune.resume = "latest"
+    resumed = run_finetune(cfg)
+    assert resumed["status"] == "completed" and resumed["resumed_from"].endswith("step_00000004")
+
+    def rows(out):
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k != "time/step_ms"} for line in lines]
+
+    assert rows(tmp_path / "run" / "out") == rows(tmp_path / "ref" / "out")
+    assert resumed["selected"] == ref["selected"] and resumed["test"] == ref["test"]
+    a = _safetensors(tmp_path / "ref" / "out" / "final" / "model.safetensors")
+    b = _safetensors(tmp_path / "run" / "out" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

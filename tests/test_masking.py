@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _train_data import wordpiece_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-from transformers import BertTokenizerFast
 
-from bert_mp.config import DataConfig
-from bert_mp.masking import (
+from bert_mp.core.config import DataConfig
+from bert_mp.data.masking import (
     MaskingSpec,
     PretrainingCollator,
     derive_rng,
@@ -27,12 +26,8 @@ PIECES = [f"##p{i}" for i in range(50)]
 
 
 @pytest.fixture(scope="module")
-def tok() -> BertTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIALS + UNUSED + WORDS + PIECES)}
-    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    return BertTokenizerFast(tokenizer_object=tk)
+def tok():
+    return wordpiece_tokenizer(SPECIALS + UNUSED + WORDS + PIECES, bert_text=True)
 
 
 def _spec(tok, **kw) -> MaskingSpec:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import BertForPreTraining
 
-from bert_mp.config import ModelConfig
+from bert_mp.core.config import ModelConfig
 from bert_mp.errors import ConfigError
-from bert_mp.model import PRESETS, PretrainingModel, bert_config, build_model, parameter_counts
+from bert_mp.model.bert import PRESETS, PretrainingModel, bert_config, build_model, parameter_counts
 
 VOCAB = 96
 
@@ -132,10 +132,10 @@ def test_parameter_counts_and_init_from(tmp_path):
 
 
 def test_mistyped_local_paths_fail_at_once_without_the_hub(tmp_path, monkeypatch):
-    from bert_mp.config import ModelConfig
+    from bert_mp.core.config import ModelConfig
+    from bert_mp.core.io import looks_like_local_path
     from bert_mp.errors import ConfigError
-    from bert_mp.io import looks_like_local_path
-    from bert_mp.model import check_init_from
+    from bert_mp.model.bert import check_init_from
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForPreTraining
 
-from bert_mp.config import TrainConfig
-from bert_mp.optim import build_optimizer, build_scheduler, fused_supported, lr_lambda, param_groups
+from bert_mp.core.config import TrainConfig
+from bert_mp.core.optim import build_optimizer, build_scheduler, fused_supported, lr_lambda, param_groups
 
 
 def _model() -> BertForPreTraining:

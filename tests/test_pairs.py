@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bert_mp.pairs import NspBalance, build_examples, pairs_from_token_lists, truncation_amounts
+from bert_mp.data.pairs import NspBalance, build_examples, pairs_from_token_lists, truncation_amounts
 
 CLS, SEP = 2, 3
 
@@ -179,7 +179,7 @@ def test_properties_on_arbitrary_documents(docs, max_seq_length, short, seed):
 def _walk_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats):
     """The pairing loop written as the reference walks it, one sentence at a time; the library
     finds chunk and B ends by binary search and must consume the RNG and decide identically."""
-    from bert_mp.pairs import _below
+    from bert_mp.data.pairs import _below
 
     first, last = doc_sents[doc], doc_sents[doc + 1]
     n_docs = len(doc_sents) - 1
@@ -227,7 +227,7 @@ def _walk_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_chunk_search_matches_the_sentence_walk(seed):
-    from bert_mp.pairs import PairParams, PairStats, document_pairs
+    from bert_mp.data.pairs import PairParams, PairStats, document_pairs
 
     rng = random.Random(seed)
     n_docs = rng.choice([1, 2, 5, 40])

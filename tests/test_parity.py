@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bert_mp.config import load_config
+from bert_mp.core.config import load_config
 from bert_mp.errors import ConfigError
-from bert_mp.parity import (
+from bert_mp.sweep.parity import (
     ParityCallback,
     VerdictRules,
     curves_from_rows,

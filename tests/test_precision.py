@@ -7,9 +7,9 @@ from unittest import mock
 import pytest
 import torch
 
-from bert_mp import precision
+from bert_mp.core import precision
+from bert_mp.core.precision import install_scaler, resolve_precision, unscale_gradients
 from bert_mp.errors import HardwareError
-from bert_mp.precision import install_scaler, resolve_precision, unscale_gradients
 
 CPU = torch.device("cpu")
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from bert_mp import prepare as prep
 from bert_mp.cli import main
-from bert_mp.config import load_config
+from bert_mp.core.config import load_config
+from bert_mp.data import prepare as prep
+from bert_mp.data.masking import PretrainingCollator
 from bert_mp.errors import DataError
-from bert_mp.masking import PretrainingCollator
 
 WORDS = [
     "the",

@@ -7,9 +7,11 @@ import random
 import pytest
 
 from bert_mp.cli import main
+from bert_mp.core.config import Config, config_to_dict
+from bert_mp.core.io import atomic_write_json
 from bert_mp.errors import ConfigError
-from bert_mp.io import atomic_write_json
-from bert_mp.report import build_report
+from bert_mp.sweep.record import GroupEntry, HostInfo, RunEntry, SweepRecord
+from bert_mp.sweep.report import build_report
 
 STEPS = 120
 
@@ -114,42 +116,26 @@ def make_sweep(root, runs=RUNS, skipped=("tf32",)):
         if status == "failed":
             summary["error"] = "non-finite loss (nan) at step 80 in fp16"
         atomic_write_json(d / "summary.json", summary)
-        manifest_runs.append(
-            {
-                "name": name,
-                "group": "default",
-                "precision": prec,
-                "role": role,
-                "dir": f"runs/{name}",
-                "status": status,
-            }
-        )
+        manifest_runs.append(RunEntry(name, "default", prec, role, 42, [], f"runs/{name}", status))
     for prec in skipped:
+        reason = f"train.precision={prec} needs an Ampere GPU"
         manifest_runs.append(
-            {
-                "name": prec,
-                "group": "default",
-                "precision": prec,
-                "role": "candidate",
-                "dir": f"runs/{prec}",
-                "status": "skipped",
-                "reason": f"train.precision={prec} needs an Ampere GPU",
-            }
+            RunEntry(prec, "default", prec, "candidate", 42, [], f"runs/{prec}", "skipped", reason)
         )
-    atomic_write_json(
-        root / "sweep.json",
-        {
-            "groups": [{"name": "default", "axes": {}}],
-            "runs": manifest_runs,
-            "config": {
-                "sweep": {"parity_window": 10},
-                "train": {"max_steps": STEPS},
-                "data": {},
-                "model": {},
-            },
-            "dimension_flags": {"default": ["micro_batch_size=12 is not a multiple of 8"]},
-        },
-    )
+    cfg = Config()
+    cfg.sweep.parity_window = 10
+    cfg.train.max_steps = STEPS
+    SweepRecord(
+        created="2000-01-01T00:00:00+00:00",
+        sweep_file=None,
+        base=None,
+        launcher="python",
+        host=HostInfo("test host", "python"),
+        config=config_to_dict(cfg),
+        groups=[GroupEntry("default", {})],
+        runs=manifest_runs,
+        dimension_flags={"default": ["micro_batch_size=12 is not a multiple of 8"]},
+    ).write(root)
     diag = root / "diagnostics" / "default"
     diag.mkdir(parents=True)
     atomic_write_json(
@@ -266,3 +252,27 @@ def test_cli_report(tmp_path, capsys):
 def test_report_on_a_non_sweep_folder(tmp_path):
     with pytest.raises(ConfigError, match="sweep.json"):
         build_report(tmp_path)
+
+
+@pytest.mark.parametrize("drop", ["launcher", "runs[0].role", "config.sweep.parity_window"])
+def test_a_missing_field_in_sweep_json_is_an_error_naming_it(tmp_path, drop):
+    root = make_sweep(tmp_path / "sweep")
+    manifest = json.loads((root / "sweep.json").read_text())
+    *parents, key = drop.replace("[0]", ".0").split(".")
+    node = manifest
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    del node[key]
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=f"missing field.*{key}"):
+        build_report(root)
+
+
+def test_a_run_summary_without_its_status_is_an_error(tmp_path):
+    root = make_sweep(tmp_path / "sweep")
+    path = root / "runs" / "bf16" / "summary.json"
+    summary = json.loads(path.read_text())
+    del summary["status"]
+    path.write_text(json.dumps(summary))
+    with pytest.raises(ConfigError, match="bf16/summary.json: missing field.*status"):
+        build_report(root)

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bert_mp.errors import DataError
-from bert_mp.segment import (
+from bert_mp.data.segment import (
     _BOUNDARY,
     _mark_rule,
     build_splitter,
@@ -15,6 +14,7 @@ from bert_mp.segment import (
     split_marked_tokens,
     split_sentences,
 )
+from bert_mp.errors import DataError
 
 
 def test_splits_on_sentence_ends_and_blank_lines():

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bert_mp.errors import ConfigError
-from bert_mp.sweep import launch_command, load_sweep_config, plan_sweep, run_action
+from bert_mp.sweep.runner import launch_command, load_sweep_config, plan_sweep, run_action
 
 ROOT = Path(__file__).parent.parent
 
@@ -171,10 +171,10 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
     import json
     import subprocess
 
-    from bert_mp import precision
     from bert_mp.cli import main
+    from bert_mp.core import precision
     from bert_mp.errors import HardwareError
-    from bert_mp.parity import VerdictRules, load_curves, verdict
+    from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
 
     real = precision.resolve_precision
 

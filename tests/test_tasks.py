@@ -6,11 +6,11 @@ from collections import Counter, defaultdict
 import datasets
 import pytest
 
-from bert_mp import tasks
-from bert_mp.builtin_corpus import iter_stdlib_docstrings
-from bert_mp.config import FinetuneConfig
+from bert_mp.core.config import FinetuneConfig
+from bert_mp.data.builtin_corpus import iter_stdlib_docstrings
 from bert_mp.errors import ConfigError, DataError
-from bert_mp.tasks import (
+from bert_mp.finetune import tasks
+from bert_mp.finetune.tasks import (
     SPLITS,
     assign_modules,
     build_label_space,
@@ -295,9 +295,9 @@ def test_unseen_labels_counted_or_refused():
     "content,message", [("", "is empty \\(0 bytes\\)"), ("text,label\n", "has no data rows")]
 )
 def test_empty_and_header_only_files_are_one_line(tmp_path, content, message):
-    from bert_mp.config import FinetuneConfig
+    from bert_mp.core.config import FinetuneConfig
     from bert_mp.errors import DataError
-    from bert_mp.tasks import load_local
+    from bert_mp.finetune.tasks import load_local
 
     path = tmp_path / "train.csv"
     path.write_text(content)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bert_mp.errors import DataError
-from bert_mp.tokenizer import (
+from bert_mp.data.tokenizer import (
     SPECIAL_TOKENS,
     encoder,
     inline_marker,
@@ -15,6 +14,7 @@ from bert_mp.tokenizer import (
     save_tokenizer,
     train_wordpiece,
 )
+from bert_mp.errors import DataError
 
 TEXTS = [
     f"The {w} module provides {v} functions for Working with {w} objects. Running, runner, runs."

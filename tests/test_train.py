@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_data import make_prepared, tiny_config
+from _train_data import inf_grad_builder, make_prepared, nan_forward_builder, tiny_config
 from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
-import bert_mp.train as train_mod
+from bert_mp.core.io import read_jsonl
+from bert_mp.core.optim import lr_lambda
 from bert_mp.errors import TrainingError
-from bert_mp.io import read_jsonl
-from bert_mp.optim import lr_lambda
-from bert_mp.train import MicroBatchSampler, epoch_order, train
+from bert_mp.pretrain.batches import MicroBatchSampler, epoch_order
+from bert_mp.pretrain.trainer import train
 
 TRAIN_KEYS = {
     "step",
@@ -124,29 +124,9 @@ def test_accumulation_equals_one_large_batch(data, tmp_path):
         torch.testing.assert_close(w1[k], w4[k], rtol=1e-5, atol=1e-6)
 
 
-def _inject_inf_grad(monkeypatch, bad_calls: set[int] | None, snapshots: list):
-    """Make the word-embedding gradient inf at the given backward calls (None: always)."""
-    real = train_mod.build_model
-
-    def build(*args, **kwargs):
-        model = real(*args, **kwargs)
-        w = model.bert.encoder.layer[0].output.dense.weight
-
-        def hook(grad):
-            snapshots.append(w.detach().clone())
-            if bad_calls is None or len(snapshots) in bad_calls:
-                return torch.full_like(grad, float("inf"))
-            return grad
-
-        w.register_hook(hook)
-        return model
-
-    monkeypatch.setattr(train_mod, "build_model", build)
-
-
-def test_fp16_inf_skips_step(data, tmp_path, monkeypatch):
+def test_fp16_inf_skips_step(data, tmp_path):
     snapshots: list[torch.Tensor] = []
-    _inject_inf_grad(monkeypatch, {3}, snapshots)
+    build = inf_grad_builder(lambda n: n == 3, snapshots)
     cfg = tiny_config(
         tmp_path / "run",
         precision="fp16",
@@ -155,7 +135,7 @@ def test_fp16_inf_skips_step(data, tmp_path, monkeypatch):
         fp16_growth_interval=1000,
         export=False,
     )
-    summary = train(cfg, data)
+    summary = train(cfg, data, build_model=build)
     rows = _metrics(tmp_path / "run")
     # 7 backward passes for 6 optimizer steps: the 3rd was skipped
     assert len(snapshots) == 7 and [r["step"] for r in rows] == list(range(1, 7))
@@ -171,34 +151,19 @@ def test_fp16_inf_skips_step(data, tmp_path, monkeypatch):
     assert summary["precision"]["autocast_dtype"] == "float16" and summary["precision"]["loss_scaler"] is True
 
 
-def test_fp16_consecutive_skips_stop_with_checkpoint(data, tmp_path, monkeypatch):
-    _inject_inf_grad(monkeypatch, None, [])
+def test_fp16_consecutive_skips_stop_with_checkpoint(data, tmp_path):
     cfg = tiny_config(tmp_path / "run", precision="fp16", max_steps=6, max_consecutive_skipped_steps=3)
     with pytest.raises(TrainingError, match="3 optimizer steps in a row overflowed"):
-        train(cfg, data)
+        train(cfg, data, build_model=inf_grad_builder(None))
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"] == "failed" and s["skipped_steps"] == 3 and s["steps"] == 0
     assert (tmp_path / "run" / "checkpoints" / "step_00000000" / "COMPLETE").is_file()
 
 
-def test_nonfinite_loss_in_fp32_stops(data, tmp_path, monkeypatch):
-    real = train_mod.build_model
-    calls = []
-
-    def build(*args, **kwargs):
-        model = real(*args, **kwargs)
-
-        def poison(module, inputs, output):
-            calls.append(1)
-            return output * float("nan") if len(calls) == 3 else output
-
-        model.bert.embeddings.register_forward_hook(poison)
-        return model
-
-    monkeypatch.setattr(train_mod, "build_model", build)
+def test_nonfinite_loss_in_fp32_stops(data, tmp_path):
     cfg = tiny_config(tmp_path / "run", max_steps=6)
     with pytest.raises(TrainingError, match="non-finite loss .* step 3 in fp32"):
-        train(cfg, data)
+        train(cfg, data, build_model=nan_forward_builder(lambda n: n == 3))
     assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
 
@@ -226,7 +191,7 @@ def test_dataloader_workers_do_not_change_the_run(data, tmp_path):
 
 
 def test_only_a_completed_run_exits_zero():
-    from bert_mp.train import exit_code
+    from bert_mp.pretrain.trainer import exit_code
 
     assert exit_code({"status": "completed", "stop_reason": None}) == 0
     assert exit_code({"status": "stopped", "stop_reason": "signal SIGTERM"}) == 143

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_mp.io import read_jsonl
+from bert_mp.core.io import read_jsonl
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

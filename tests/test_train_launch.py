@@ -14,8 +14,8 @@ import torch
 from _train_data import make_prepared, tiny_config
 from safetensors.torch import load_file
 
-from bert_mp.config import save_config
-from bert_mp.io import read_jsonl
+from bert_mp.core.config import save_config
+from bert_mp.core.io import read_jsonl
 
 TESTS = Path(__file__).parent
 

@@ -1,0 +1,1 @@
+"""The shared training core: config tree, precision plans, checkpoints, callbacks, optimizer, files."""

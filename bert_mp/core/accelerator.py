@@ -1,0 +1,48 @@
+"""Accelerator set-up shared by every training loop: the precision plan first, then Accelerate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bert_mp.core.precision import PrecisionPlan, resolve_precision
+
+
+def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
+    """The precision plan of a loop section (``train`` or ``finetune``) on this process's device.
+
+    Called before any data work, so a precision the hardware lacks fails at once (naming the
+    section's key); ``allow_emulated`` is ``hardware.allow_emulated``.
+    """
+    from accelerate import PartialState
+
+    # Without CUDA, say so explicitly: Accelerate then sets up gloo when launched with several
+    # processes instead of silently running each of them as a world of one.
+    device = PartialState(cpu=not torch.cuda.is_available()).device
+    return resolve_precision(
+        cfg.precision,
+        device,
+        cfg.fp16_init_scale,
+        cfg.fp16_growth_interval,
+        allow_emulated=allow_emulated,
+        key=f"{cfg.SECTION}.precision",
+    )
+
+
+def build_accelerator(plan: PrecisionPlan, output_dir: str | Path, log_with: list[str] = ()) -> Any:
+    """An ``Accelerator`` for ``plan`` with trackers under ``<output_dir>/trackers``; backend flags set."""
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    out = Path(output_dir)
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=plan.accelerate_mixed_precision,
+        log_with=list(log_with) or None,
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "trackers")),
+        kwargs_handlers=plan.accelerate_kwargs_handlers(),
+    )
+    plan.apply_backend_flags()
+    return accelerator

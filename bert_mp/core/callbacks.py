@@ -1,0 +1,322 @@
+"""Callback protocol and the built-in monitors (throughput + MFU, loss, memory, loss scale).
+
+Callbacks observe; they do not steer. A callback's own running figures are its ``state_dict()``,
+saved in every checkpoint and restored on resume, so a resumed run reports the whole run. Each hook gets the loop state and a ``logs`` / ``summary`` dict;
+a callback may ADD its own namespaced keys there (the loop writes the dict after every callback ran)
+and may set ``state.stop_reason`` to ask the loop to save and stop. Nothing else.
+
+The loop hands monitors the raw facts of each optimizer step in ``state.facts`` (a
+:class:`StepFacts`: loss sums and counts over all micro-batches and ranks, token counts, wall
+times); turning them into metrics - including MFU - is the monitors' job.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import resource
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from bert_mp.errors import ConfigError
+
+
+@dataclass
+class LossSums:
+    """MLM and NSP loss sums, correct predictions and counts (what ``PretrainingModel`` returns)."""
+
+    mlm_loss_sum: float
+    mlm_correct: float
+    mlm_count: float
+    nsp_loss_sum: float
+    nsp_correct: float
+    nsp_count: float
+
+
+@dataclass
+class StepFacts(LossSums):
+    """Raw facts of one optimizer step, summed over its micro-batches and all ranks."""
+
+    tokens: int
+    """Non-padding tokens."""
+    padded_tokens: int
+    """Positions computed including padding (sequences x padded length)."""
+    attention_flops_tokens: float
+    """Sum over sequences of padded_length^2: what the attention matmuls cost."""
+    sequences: int
+    lr: float
+    grad_norm: float
+    step_time_s: float
+    """Wall time since the previous step ended (data wait included)."""
+    data_wait_s: float
+    """Time this rank spent waiting for batches."""
+
+
+@dataclass
+class TrainContext:
+    """What callbacks may read about the run (static for its whole length)."""
+
+    cfg: Any
+    device: torch.device
+    precision: dict
+    """``PrecisionPlan.describe()``."""
+    param_counts: dict
+    """``model.parameter_counts()``."""
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    num_processes: int
+    is_main_process: bool
+    scaler: Any = None
+    """The GradScaler in use (fp16) or None."""
+    extra: dict = field(default_factory=dict)
+
+
+class Callback(Protocol):
+    """The four hooks; a callback implements the ones it needs (see :class:`BaseCallback`)."""
+
+    def on_train_start(self, state: Any, ctx: TrainContext) -> None: ...
+    def on_step_end(self, state: Any, logs: dict) -> None: ...
+    def on_eval_end(self, state: Any, logs: dict) -> None: ...
+    def on_train_end(self, state: Any, summary: dict) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, d: dict) -> None: ...
+
+
+class BaseCallback:
+    """No-op hooks; built-in monitors override what they use."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.ctx: TrainContext | None = None
+
+    def on_train_start(self, state: Any, ctx: TrainContext) -> None:
+        self.ctx = ctx
+
+    def on_step_end(self, state: Any, logs: dict) -> None:
+        pass
+
+    def on_eval_end(self, state: Any, logs: dict) -> None:
+        pass
+
+    def on_train_end(self, state: Any, summary: dict) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        """JSON-able running figures (none for a stateless callback)."""
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOPs and peak table
+# --------------------------------------------------------------------------------------------------
+# Dense peak FLOP/s per device and precision (vendor datasheets, no sparsity). fp32 is the CUDA-core
+# rate; tf32/bf16/fp16 are tensor-core rates. Unknown devices (and CPUs) give MFU = None / n/a.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
+    "H100": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+    "L40S": {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12},
+    "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
+    "A10G": {"fp32": 31.2e12, "tf32": 35e12, "bf16": 70e12, "fp16": 70e12},
+    "V100": {"fp32": 15.7e12, "fp16": 125e12},
+}
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Per-device peak FLOP/s for ``precision``, or None when the device is not in the table."""
+    for key, table in PEAK_FLOPS.items():  # most specific names first
+        if key in device_name:
+            return table.get(precision)
+    return None
+
+
+def step_flops(facts: StepFacts, ctx: TrainContext) -> float:
+    """Training FLOPs of a step: 6 x matmul params x tokens + attention; MLM head only where it ran."""
+    pc, h = ctx.param_counts, ctx.hidden_size
+    encoder = 6 * pc["encoder_matmul"] * facts.tokens
+    # QK^T and AV: 2 x 2 x seq x hidden per token per layer forward, x3 for backward
+    attention = 12 * ctx.num_layers * h * facts.attention_flops_tokens
+    sparse = getattr(ctx.cfg.model, "sparse_mlm_head", True)
+    mlm_rows = facts.mlm_count if sparse else facts.padded_tokens
+    mlm = 6 * (pc["mlm_transform_matmul"] + pc["mlm_decoder_matmul"]) * mlm_rows
+    nsp = 6 * (pc["pooler_matmul"] + pc["nsp_matmul"]) * facts.sequences
+    return float(encoder + attention + mlm + nsp)
+
+
+# --------------------------------------------------------------------------------------------------
+# monitors
+# --------------------------------------------------------------------------------------------------
+class ThroughputMonitor(BaseCallback):
+    """Tokens/s (non-padding), sequences/s, step ms, MFU, data-wait fraction.
+
+    Step times are wall-clock between step ends. The loop reads each step's loss, which already
+    waits for the device; on CUDA this monitor additionally synchronises only at log points so the
+    windowed average it reports there is exact.
+    """
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.warmup_steps = max(2, cfg.train.max_steps // 10)
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+        self.seqs: list[int] = []
+        self.flops: list[float] = []
+        self.peak: float | None = None
+
+    def on_train_start(self, state: Any, ctx: TrainContext) -> None:
+        super().on_train_start(state, ctx)
+        per_device = peak_flops(ctx.precision.get("device_name", ""), ctx.precision.get("name", ""))
+        self.peak = per_device * ctx.num_processes if per_device else None
+
+    def on_step_end(self, state: Any, logs: dict) -> None:
+        f, ctx = state.facts, self.ctx
+        assert ctx is not None and f is not None
+        if ctx.device.type == "cuda" and state.step % self.cfg.train.log_every == 0:
+            torch.cuda.synchronize(ctx.device)
+        dt = max(f.step_time_s, 1e-9)
+        flops = step_flops(f, ctx)
+        logs["time/step_ms"] = 1000.0 * dt
+        logs["throughput/tokens_per_sec"] = f.tokens / dt
+        logs["throughput/seqs_per_sec"] = f.sequences / dt
+        logs["throughput/mfu"] = flops / dt / self.peak if self.peak else None
+        logs["data/wait_fraction"] = min(1.0, f.data_wait_s / dt)
+        self.times.append(dt)
+        self.tokens.append(f.tokens)
+        self.seqs.append(f.sequences)
+        self.flops.append(flops)
+
+    def state_dict(self) -> dict:
+        return {"times": self.times, "tokens": self.tokens, "seqs": self.seqs, "flops": self.flops}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.times, self.tokens = list(d["times"]), list(d["tokens"])
+        self.seqs, self.flops = list(d["seqs"]), list(d["flops"])
+
+    def on_train_end(self, state: Any, summary: dict) -> None:
+        skip = self.warmup_steps if len(self.times) > self.warmup_steps else 0
+        t = sum(self.times[skip:])
+        if not t:
+            summary["throughput"] = {"steps_measured": 0}
+            return
+        summary["throughput"] = {
+            "steps_measured": len(self.times) - skip,
+            "warmup_steps_excluded": skip,
+            "tokens_per_sec": sum(self.tokens[skip:]) / t,
+            "seqs_per_sec": sum(self.seqs[skip:]) / t,
+            "step_ms": 1000.0 * t / (len(self.times) - skip),
+            "mfu": sum(self.flops[skip:]) / t / self.peak if self.peak else None,
+            "peak_flops": self.peak,
+        }
+
+
+class LossMonitor(BaseCallback):
+    """MLM / NSP loss and accuracy, total loss, learning rate and gradient norm of every step."""
+
+    def on_step_end(self, state: Any, logs: dict) -> None:
+        f = state.facts
+        mlm = f.mlm_loss_sum / max(f.mlm_count, 1.0)
+        nsp = f.nsp_loss_sum / max(f.nsp_count, 1.0)
+        logs["loss/total"] = mlm + nsp
+        logs["loss/mlm"] = mlm
+        logs["loss/nsp"] = nsp
+        logs["accuracy/mlm"] = f.mlm_correct / max(f.mlm_count, 1.0)
+        logs["accuracy/nsp"] = f.nsp_correct / max(f.nsp_count, 1.0)
+        logs["optim/lr"] = f.lr
+        logs["optim/grad_norm"] = f.grad_norm
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class MemoryMonitor(BaseCallback):
+    """Peak device memory: CUDA allocator peak, or the process's peak RSS on CPU (over the whole run,
+    the processes before a resume included)."""
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.earlier_peak = 0
+
+    def _peak(self) -> int:
+        assert self.ctx is not None
+        if self.ctx.device.type == "cuda":
+            now = int(torch.cuda.max_memory_allocated(self.ctx.device))
+        else:
+            now = peak_rss_bytes()
+        return max(now, self.earlier_peak)
+
+    def state_dict(self) -> dict:
+        return {"peak_bytes": self._peak() if self.ctx else self.earlier_peak}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.earlier_peak = int(d["peak_bytes"])
+
+    def on_step_end(self, state: Any, logs: dict) -> None:
+        logs["memory/peak_bytes"] = self._peak()
+
+    def on_train_end(self, state: Any, summary: dict) -> None:
+        assert self.ctx is not None
+        summary["memory"] = {
+            "peak_bytes": self._peak(),
+            "kind": "cuda_max_allocated" if self.ctx.device.type == "cuda" else "cpu_peak_rss",
+        }
+
+
+class LossScaleMonitor(BaseCallback):
+    """fp16: current loss scale and the number of skipped (overflowed) steps; silent otherwise."""
+
+    def _scale(self) -> float | None:
+        scaler = self.ctx.scaler if self.ctx else None
+        if scaler is None or not scaler.is_enabled():
+            return None
+        return float(scaler.get_scale())
+
+    def on_step_end(self, state: Any, logs: dict) -> None:
+        scale = self._scale()
+        if scale is not None:
+            logs["amp/loss_scale"] = scale
+            logs["amp/skipped_steps"] = state.skipped_steps
+
+    def on_train_end(self, state: Any, summary: dict) -> None:
+        summary["amp"] = {"loss_scale": self._scale(), "skipped_steps": state.skipped_steps}
+
+
+# name -> class or "module:Class" (imported lazily, so optional callbacks cost nothing unless used)
+REGISTRY: dict[str, Any] = {
+    "throughput": ThroughputMonitor,
+    "loss": LossMonitor,
+    "memory": MemoryMonitor,
+    "loss_scale": LossScaleMonitor,
+    "parity": "bert_mp.sweep.parity:ParityCallback",
+}
+
+
+def build_callbacks(cfg: Any) -> list[Any]:
+    """Instantiate ``cfg.train.callbacks`` by name, in order, each with the full Config."""
+    out = []
+    for name in cfg.train.callbacks:
+        if name not in REGISTRY:
+            raise ConfigError(f"train.callbacks: unknown callback {name!r}; known: {', '.join(REGISTRY)}")
+        target = REGISTRY[name]
+        if isinstance(target, str):
+            module, cls = target.split(":")
+            target = getattr(importlib.import_module(module), cls)
+        out.append(target(cfg))
+    return out
+
+
+def finite_or_none(x: Any) -> Any:
+    """JSON-friendly value: NaN/inf floats become None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

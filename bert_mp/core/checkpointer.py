@@ -1,0 +1,73 @@
+"""When and what a training loop checkpoints; the atomic writing itself is :mod:`bert_mp.core.checkpoint`.
+
+A checkpoint holds Accelerate's state (model, optimizer, scaler, scheduler, RNG of every rank) and
+one JSON payload: the loop state plus the state of every callback, so a resumed run's monitors
+cover the whole run.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.loop import LoopState
+
+
+class Checkpointer:
+    """Owns a loop's checkpoint timing: every ``save_every`` steps before the end, and on demand."""
+
+    def __init__(self, accelerator: Any, cfg: Any, max_steps: int, callbacks: list[Any] = ()):
+        self.accelerator = accelerator
+        self.dir = Path(cfg.output_dir) / "checkpoints"
+        self.every, self.total_limit, self.max_steps = cfg.save_every, cfg.save_total_limit, max_steps
+        self.resume_key = f"{cfg.SECTION}.resume"
+        self.callbacks = list(callbacks)
+        self._clock: tuple[float, float] = (time.perf_counter(), 0.0)
+
+    def restore(self, resume: str | None, state: LoopState) -> str | None:
+        """Load the checkpoint ``resume`` names into the accelerator, ``state`` and the callbacks.
+
+        Returns the folder resumed from, or None for a fresh start (``latest`` with nothing saved).
+        """
+        if resume:
+            folder = ckpt.resolve_resume(resume, self.dir, key=self.resume_key)
+            if folder is None:
+                warnings.warn(
+                    f"{self.resume_key}=latest: no complete checkpoint in {self.dir}; starting fresh",
+                    stacklevel=2,
+                )
+            else:
+                payload = ckpt.load_checkpoint(self.accelerator, folder)
+                state.load_state_dict(payload)
+                for i, cb in enumerate(self.callbacks):
+                    saved = payload.get("callbacks", {}).get(f"{i}:{type(cb).__name__}")
+                    if saved is not None and hasattr(cb, "load_state_dict"):
+                        cb.load_state_dict(saved)
+        return str(folder) if resume and folder is not None else None
+
+    def start_clock(self, state: LoopState) -> None:
+        """Start timing the loop; a resumed run continues from its checkpointed elapsed time."""
+        self._clock = (time.perf_counter(), state.elapsed_s)
+
+    def elapsed(self) -> float:
+        """Wall seconds of the whole run, the part before a resume included."""
+        start, before = self._clock
+        return before + time.perf_counter() - start
+
+    def due(self, step: int) -> bool:
+        """A periodic checkpoint falls on ``step`` (the end of the run saves separately)."""
+        return bool(self.every) and step % self.every == 0 and step < self.max_steps
+
+    def save(self, state: LoopState) -> Path:
+        """Checkpoint now (collective: every rank calls it)."""
+        state.elapsed_s = self.elapsed()
+        payload = state.state_dict()
+        payload["callbacks"] = {
+            f"{i}:{type(cb).__name__}": cb.state_dict()
+            for i, cb in enumerate(self.callbacks)
+            if hasattr(cb, "state_dict")
+        }
+        return ckpt.save_checkpoint(self.accelerator, self.dir, state.step, payload, self.total_limit)

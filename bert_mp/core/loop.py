@@ -1,0 +1,104 @@
+"""Loop state, batch geometry and signal handling shared by pretraining and fine-tuning."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bert_mp.errors import ConfigError
+
+_NOT_CHECKPOINTED = ("facts", "stop_reason", "pending_signal")
+
+
+@dataclass
+class LoopState:
+    """Everything a loop needs besides model/optimizer/RNG to continue exactly where it stopped."""
+
+    step: int = 0
+    """Optimizer steps done (skipped fp16 steps not counted)."""
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    """Global batches of ``epoch`` already consumed (skipped steps included)."""
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+    tokens_seen: int = 0
+    """Non-padding tokens of the steps taken (pretraining)."""
+    examples_seen: int = 0
+    """Examples of the steps taken (fine-tuning)."""
+    elapsed_s: float = 0.0
+    stop_reason: str | None = None
+    """Set by a callback (or a signal): the loop saves and stops after the current step."""
+    pending_signal: str | None = None
+    """A SIGTERM/SIGINT arrived; shared with every rank at the next step's all-reduce."""
+    facts: Any = None
+    """The last step's raw facts, for callbacks (not checkpointed)."""
+
+    def state_dict(self) -> dict:
+        d = asdict(self)
+        for k in _NOT_CHECKPOINTED:
+            d.pop(k)
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        for k, v in d.items():
+            if k not in _NOT_CHECKPOINTED and k in self.__dataclass_fields__:
+                setattr(self, k, v)
+
+    def advance_batch(self, batches_per_epoch: int) -> bool:
+        """Count one consumed global batch; True when it was the last of its epoch."""
+        self.batch_in_epoch += 1
+        if self.batch_in_epoch < batches_per_epoch:
+            return False
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        return True
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """How one optimizer step's global batch splits over ranks and micro-batches."""
+
+    global_batch: int
+    micro_batch: int
+    world: int
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.world
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per rank per optimizer step."""
+        return self.per_rank // self.micro_batch
+
+    @classmethod
+    def build(
+        cls, global_batch: int, micro_batch: int, world: int, global_key: str, micro_key: str
+    ) -> BatchGeometry:
+        """Check that the global batch splits evenly; the error names the keys to change."""
+        if global_batch % (micro_batch * world):
+            raise ConfigError(
+                f"{global_key}={global_batch} must be a multiple of {micro_key} ({micro_batch}) x processes ({world})"
+            )
+        return cls(global_batch, micro_batch, world)
+
+
+@contextlib.contextmanager
+def stop_on_signals(state: LoopState) -> Iterator[None]:
+    """SIGTERM / SIGINT ask the loop to save a checkpoint and stop after the current step."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        state.pending_signal = signal.Signals(signum).name
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

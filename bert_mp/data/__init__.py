@@ -1,0 +1,1 @@
+"""Raw text to NSP + MLM pretraining data: corpus reading, sentences, pairs, masking, tokenizer."""

@@ -1,0 +1,239 @@
+"""NSP pair creation with the original BERT data-generator semantics, as pure functions.
+
+A block of documents is held as one flat token array plus sentence offsets, so every segment is
+a contiguous slice and a pair is five integers ``(a_start, a_end, b_start, b_end, label)``. Per
+document (the original BERT generator): a target length (``max_seq_length - 3``, or with ``short_seq_prob`` a
+random length in ``[2, max]``); sentences accumulate into a chunk until the target is reached; a
+random split point makes A; with probability ``p`` (always when the chunk has one segment) B
+comes from a *different* document of the block and the unused segments are put back, otherwise B
+is the rest of the chunk; the pair is truncated by removing tokens from the longer side, front or
+back at random. Labels: 0 = B continues A, 1 = B is random.
+
+Label balance: the forced random B of one-segment chunks pushes the random share above
+``nsp_random_prob`` on corpora of short documents. :class:`NspBalance` compensates
+deterministically: free choices use ``p = (r - f) / (1 - f)``, with ``f`` the share of forced
+randoms seen so far in the block, so the expected share of random pairs stays ``r``.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class PairStats:
+    """Counts of what pairing did (summed over blocks into ``stats.json``)."""
+
+    pairs: int = 0
+    random_next: int = 0
+    forced_random: int = 0
+    """Chunks with one segment, whose B had to be random (reference behaviour)."""
+    no_other_document: int = 0
+    """Chunks that wanted a random B but the block has no other document: kept as continuation."""
+    skipped_single_segment: int = 0
+    """One-segment chunks dropped because no other document exists for a random B."""
+    truncated_tokens: int = 0
+
+    def add(self, other: PairStats) -> None:
+        for k, v in vars(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@dataclass
+class NspBalance:
+    """Running counts in a block; tells free choices how often to take a random B.
+
+    ``p = (r - f) / (1 - f)`` with ``f`` the running share of forced randoms gives the right
+    expected share; a proportional term on the running surplus of random pairs keeps the realised
+    share close to ``r`` as well (a few pairs' worth of deviation, not a drift).
+    """
+
+    target: float
+    total: int = 0
+    forced: int = 0
+    random: int = 0
+    prior: int = field(default=10, repr=False)
+    """Pseudo-count of unforced pairs, so the first chunks use ``target`` unchanged."""
+    gain: float = field(default=0.1, repr=False)
+    """Change of ``p`` per pair of surplus (or deficit) of random pairs."""
+
+    def free_random_prob(self) -> float:
+        f = self.forced / (self.total + self.prior)
+        if f >= 1.0:
+            return 0.0
+        p = (self.target - f) / (1.0 - f) + self.gain * (self.target * self.total - self.random)
+        return min(1.0, max(0.0, p))
+
+    def record(self, forced: bool, label: int) -> None:
+        self.total += 1
+        self.forced += int(forced)
+        self.random += label
+
+
+@dataclass(frozen=True)
+class PairParams:
+    max_num_tokens: int
+    """``max_seq_length - 3``: room for A and B next to [CLS] and two [SEP]."""
+    short_seq_prob: float = 0.1
+    nsp_random_prob: float = 0.5
+
+
+def _below(rng: random.Random, n: int) -> int:
+    """Uniform integer in ``[0, n)``; ``random()`` scaled is ~10x cheaper than ``randrange`` and
+    its bias (below 2**-40 for any realistic ``n``) is far beneath anything pairing can notice."""
+    return int(rng.random() * n)
+
+
+def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random) -> tuple[int, ...]:
+    """Tokens to drop ``(a_front, a_back, b_front, b_back)`` so that ``len_a + len_b <= max``.
+
+    Same distribution as the reference loop (drop one token from the longer side - B on a tie -
+    front or back with equal odds, until it fits) in O(1): the per-side totals are determined by
+    the lengths, and the front share of k fair coin flips is Binomial(k, 1/2).
+    """
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return 0, 0, 0, 0
+    if len_a > len_b:
+        d = len_a - len_b
+        drop_a, drop_b = (excess, 0) if excess <= d else (d + (excess - d) // 2, (excess - d + 1) // 2)
+    else:
+        d = len_b - len_a
+        drop_a, drop_b = (0, excess) if excess <= d else ((excess - d) // 2, d + (excess - d + 1) // 2)
+    a_front = rng.getrandbits(drop_a).bit_count() if drop_a else 0
+    b_front = rng.getrandbits(drop_b).bit_count() if drop_b else 0
+    return a_front, drop_a - a_front, b_front, drop_b - b_front
+
+
+def document_pairs(
+    doc: int,
+    sent_bounds: Sequence[int],
+    doc_sents: Sequence[int],
+    params: PairParams,
+    rng: random.Random,
+    balance: NspBalance,
+    stats: PairStats,
+) -> list[tuple[int, int, int, int, int]]:
+    """Pairs of document ``doc`` of a block as ``(a_start, a_end, b_start, b_end, label)``.
+
+    ``sent_bounds[s]:sent_bounds[s + 1]`` is sentence ``s`` in the block's flat token array and
+    ``doc_sents[d]:doc_sents[d + 1]`` are the sentences of document ``d``; every sentence has at
+    least one token. Random B documents are drawn from the other documents of the block.
+    """
+    first, last = doc_sents[doc], doc_sents[doc + 1]
+    n_docs = len(doc_sents) - 1
+    max_tokens = params.max_num_tokens
+    target = max_tokens
+    if rng.random() < params.short_seq_prob:
+        target = 2 + _below(rng, max_tokens - 1)
+    out = []
+    chunk_start = first
+    while chunk_start < last:
+        # the chunk ends at the first sentence that brings it to the target length, or at the
+        # document's last sentence (a binary search on the sentence offsets, not a walk)
+        i = bisect_left(sent_bounds, sent_bounds[chunk_start] + target, chunk_start + 1, last) - 1
+        n_seg = i + 1 - chunk_start
+        a_end_sent = chunk_start + (1 + _below(rng, n_seg - 1) if n_seg >= 2 else 1)
+        a0, a1 = sent_bounds[chunk_start], sent_bounds[a_end_sent]
+        forced = n_seg == 1
+        want_random = forced or rng.random() < balance.free_random_prob()
+        if want_random and n_docs < 2:
+            if forced:
+                stats.skipped_single_segment += 1
+                chunk_start = i + 1
+                continue
+            stats.no_other_document += 1
+            want_random = False
+        if want_random:
+            other = _below(rng, n_docs - 1)
+            other += other >= doc
+            o_first, o_last = doc_sents[other], doc_sents[other + 1]
+            s = o_first + _below(rng, o_last - o_first)
+            b0 = sent_bounds[s]
+            # B runs to the first sentence that brings it to target - len(A), or the document's end
+            s = bisect_left(sent_bounds, b0 + target - (a1 - a0), s + 1, o_last) - 1
+            b1 = sent_bounds[s + 1]
+            i = a_end_sent - 1  # the chunk's unused segments go back for the next chunk
+            label = 1
+        else:
+            b0, b1 = a1, sent_bounds[i + 1]
+            label = 0
+        af, ab, bf, bb = truncation_amounts(a1 - a0, b1 - b0, max_tokens, rng)
+        out.append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
+        balance.record(forced, label)
+        stats.pairs += 1
+        stats.random_next += label
+        stats.forced_random += int(forced)
+        stats.truncated_tokens += af + ab + bf + bb
+        chunk_start = i + 1
+    return out
+
+
+def build_examples(
+    flat: np.ndarray, pairs: Sequence[tuple[int, int, int, int, int]], cls_id: int, sep_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Lay out ``[CLS] A [SEP] B [SEP]`` for all pairs at once, without a per-token Python loop.
+
+    Returns ``(input_ids, token_type_ids, offsets, next_sentence_label)``: the first two are flat
+    (example ``k`` is ``[offsets[k]:offsets[k + 1]]``), ready for an Arrow list column.
+    """
+    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 5)
+    n = len(p)
+    ext = np.concatenate([flat.astype(np.int32, copy=False), np.array([cls_id, sep_id], dtype=np.int32)])
+    cls_pos, sep_pos = len(flat), len(flat) + 1
+    # five pieces per example: [CLS], A, [SEP], B, [SEP] as (start in ext, length)
+    starts = np.stack([np.full(n, cls_pos), p[:, 0], np.full(n, sep_pos), p[:, 2], np.full(n, sep_pos)], 1)
+    lengths = np.stack([np.ones(n, np.int64), p[:, 1] - p[:, 0], np.ones(n, np.int64), p[:, 3] - p[:, 2]], 1)
+    lengths = np.concatenate([lengths, np.ones((n, 1), np.int64)], 1)
+    starts, lengths = starts.ravel(), lengths.ravel()
+    piece_offsets = np.cumsum(lengths) - lengths
+    gather = np.arange(lengths.sum()) - np.repeat(piece_offsets - starts, lengths)
+    input_ids = ext[gather]
+    token_type_ids = np.repeat(np.tile(np.array([0, 0, 0, 1, 1], np.int8), n), lengths)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths.reshape(n, 5).sum(1), out=offsets[1:])
+    return input_ids, token_type_ids, offsets, p[:, 4].astype(np.int64)
+
+
+def pairs_from_token_lists(
+    documents: Sequence[Sequence[Sequence[int]]],
+    max_seq_length: int,
+    rng: random.Random,
+    short_seq_prob: float = 0.1,
+    nsp_random_prob: float = 0.5,
+    cls_id: int = 2,
+    sep_id: int = 3,
+) -> tuple[list[dict], PairStats]:
+    """Convenience form for small inputs: documents as lists of sentences of token ids.
+
+    Returns examples as dicts (``input_ids``, ``token_type_ids``, ``next_sentence_label``) and
+    the stats; empty sentences and documents are skipped, like the prepare pipeline does.
+    """
+    kept = [[list(s) for s in d if len(s)] for d in documents]
+    kept = [d for d in kept if d]
+    sent_lens = [len(s) for d in kept for s in d]
+    sent_bounds = [0, *np.cumsum(sent_lens, dtype=np.int64).tolist()]
+    doc_sents = [0, *np.cumsum([len(d) for d in kept], dtype=np.int64).tolist()]
+    flat = np.array([t for d in kept for s in d for t in s], dtype=np.int32)
+    params = PairParams(max_seq_length - 3, short_seq_prob, nsp_random_prob)
+    balance, stats = NspBalance(nsp_random_prob), PairStats()
+    pairs = []
+    for doc in range(len(kept)):
+        pairs.extend(document_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats))
+    if not pairs:
+        return [], stats
+    ids, types, offsets, labels = build_examples(flat, pairs, cls_id, sep_id)
+    examples = [
+        {
+            "input_ids": ids[offsets[k] : offsets[k + 1]].tolist(),
+            "token_type_ids": types[offsets[k] : offsets[k + 1]].tolist(),
+            "next_sentence_label": int(labels[k]),
+        }
+        for k in range(len(pairs))
+    ]
+    return examples, stats

@@ -1,0 +1,788 @@
+"""``bert-mp prepare``: raw text -> NSP + MLM pretraining data, cached by the data-config hash.
+
+Stages: read the corpus into an Arrow-backed ``Dataset`` (a generator, so memory stays bounded);
+assign documents to train/validation by a hash of (seed, document index); train or load the
+tokenizer; then one ``datasets.map`` over *blocks* of documents splits sentences, tokenizes every
+sentence of the block in one ``encode_batch_fast`` call, pairs documents (random B from another
+document of the block) and, in static mode, masks. A block is a fixed set of documents keyed by
+global index and all randomness derives from (seed, split, dupe, document index), so the rows are
+byte-identical for any ``num_proc``. The result is built in a temporary folder and renamed into
+``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last; a crash never leaves a cache
+that would be reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bert_mp.core.config import Config, DataConfig, load_config, save_config
+from bert_mp.core.io import atomic_write_json
+from bert_mp.data.corpus import (
+    ReadStats,
+    describe_source,
+    is_file_source,
+    iter_documents,
+    merge_read_stats,
+    resolve_paths,
+)
+from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
+from bert_mp.data.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
+from bert_mp.data.segment import build_marker, split_marked_tokens
+from bert_mp.data.tokenizer import (
+    encoder,
+    inline_marker,
+    load_tokenizer,
+    round_vocab_size,
+    save_tokenizer,
+    train_wordpiece,
+)
+from bert_mp.errors import DataError
+
+SPLITS = ("train", "validation")
+_STREAM_SPLIT = 3
+_STATIC_MASK_EPOCH = 0
+
+
+@dataclass
+class PreparedData:
+    """A prepared data folder, loaded."""
+
+    dataset: Any
+    """``datasets.DatasetDict`` with ``train`` and ``validation``."""
+    tokenizer: Any
+    stats: dict
+    path: Path
+
+
+def cache_path(data: DataConfig) -> Path:
+    """Where the data for this config lives: ``<cache_dir>/<cache_key>``."""
+    return Path(data.cache_dir) / data.cache_key()
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / "COMPLETE").is_file()
+
+
+def load_prepared(path: str | Path) -> PreparedData:
+    """Load a folder written by :func:`prepare`; refuses a partial one."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"no prepared data at {path}; run `bert-mp prepare` first")
+    if not is_complete(path):
+        raise DataError(f"{path} is incomplete (no COMPLETE marker); rerun `bert-mp prepare --force`")
+    stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+    return PreparedData(
+        dataset=load_from_disk(str(path / "dataset")),
+        tokenizer=AutoTokenizer.from_pretrained(str(path / "tokenizer")),
+        stats=stats,
+        path=path,
+    )
+
+
+def _hash_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) per index from a counter-based hash (splitmix64): no state, any order."""
+
+    def mix(z: np.ndarray) -> np.ndarray:
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        base = mix(np.array([(seed % 2**64) ^ (stream << 56)], dtype=np.uint64))
+        z = mix(index.astype(np.uint64) + base)
+    return (z >> np.uint64(11)).astype(np.float64) / float(2**53)
+
+
+def assign_splits(n_docs: int, fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of validation documents: a hash of (seed, index) below ``fraction``.
+
+    With ``fraction > 0`` and at least two documents, each split gets at least one document.
+    """
+    u = _hash_uniform(seed, _STREAM_SPLIT, np.arange(n_docs))
+    val = u < fraction
+    if fraction > 0 and n_docs >= 2:
+        if not val.any():
+            val[np.argmin(u)] = True
+        if val.all():
+            val[np.argmax(u)] = False
+    return val
+
+
+def make_blocks(doc_ids: np.ndarray, chars: np.ndarray, block_chars: int) -> list[np.ndarray]:
+    """Consecutive documents grouped into blocks of about ``block_chars`` characters.
+
+    A short tail is merged into the previous block so that no block is left with a tiny pool of
+    documents for random B.
+    """
+    if len(doc_ids) == 0:
+        return []
+    ends = []
+    total = 0
+    for i, c in enumerate(chars.tolist()):
+        total += c
+        if total >= block_chars:
+            ends.append(i + 1)
+            total = 0
+    if not ends or ends[-1] != len(doc_ids):
+        if ends and total < block_chars // 2:
+            ends[-1] = len(doc_ids)
+        else:
+            ends.append(len(doc_ids))
+    starts = [0, *ends[:-1]]
+    return [doc_ids[s:e] for s, e in zip(starts, ends)]
+
+
+def _doc_rng(seed: int, split: int, dupe: int, doc: int) -> random.Random:
+    # One integer from all the keys: Random(int) seeds from every bit, identically on every run.
+    return random.Random((((seed % 2**64) << 16 | split) << 32 | dupe) << 64 | doc)
+
+
+def take_texts(table: pa.Table, ids: Any) -> list[str]:
+    """``table["text"]`` at the (ascending, clustered) row ``ids``.
+
+    The rows are taken from a zero-copy slice spanning ``min(ids)..max(ids)``: ``Table.take`` on
+    the whole memory-mapped column concatenates every chunk first, which copies the corpus on each
+    call and fails with an offset overflow once the text passes 2 GiB (seen on a 5 GB corpus).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size == 0:
+        return []
+    lo = int(ids.min())
+    window = table.slice(lo, int(ids.max()) - lo + 1)
+    return window.take(pa.array(ids - lo)).column("text").to_pylist()
+
+
+def _empty_table(static: bool) -> pa.Table:
+    cols = {
+        "input_ids": pa.array([], pa.list_(pa.int32())),
+        "token_type_ids": pa.array([], pa.list_(pa.int8())),
+        "next_sentence_label": pa.array([], pa.int64()),
+    }
+    if static:
+        cols["labels"] = pa.array([], pa.list_(pa.int32()))
+    return pa.table(cols)
+
+
+class _BlockPairer:
+    """The ``datasets.map`` function: one block of documents in, its examples out (Arrow)."""
+
+    def __init__(self, docs: Any, tokenizer: Any, data: DataConfig, stats_dir: Path):
+        self.docs = docs
+        self.encoder = encoder(tokenizer)
+        self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
+        self.mark = build_marker(data.sentence_splitter)
+        self.sep_token = tokenizer.sep_token
+        self.inline = inline_marker(tokenizer)
+        self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
+        self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
+        self.seed, self.dupe_factor = data.seed, data.dupe_factor
+        self.stats_dir = stats_dir
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        outs = [self._block(row) for row in batch.to_pylist()]
+        return pa.concat_tables(outs) if len(outs) > 1 else outs[0]
+
+    def _block(self, row: dict) -> pa.Table:
+        split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
+        if block == _PAD:  # a no-op row that evens out the workers' lanes (_pair_blocks)
+            return _empty_table(self.spec is not None)
+        st: dict[str, Any] = {"documents": len(doc_ids)}
+        t0 = time.process_time()  # CPU time of this worker, per stage
+        texts = take_texts(self.docs.data.table, doc_ids)
+        # Sentence boundaries become marker tokens: the inline punctuation marker where the
+        # tokenizer allows it and the document does not contain it, [SEP] otherwise.
+        char, mid = self.inline or (self.sep_token, self.sep_id)
+        markers = [self.sep_token if char in text else char for text in texts]
+        marked, counts = zip(*map(self.mark, texts, markers), strict=True) if texts else ((), ())
+        t1 = time.process_time()
+        ids = [e.ids for e in self.encoder.encode_batch_fast(list(marked), add_special_tokens=False)]
+        marker_ids = np.array([mid if m == char else self.sep_id for m in markers], dtype=np.int32)
+        if self.inline is not None:
+            # Every inline marker must come back as exactly one marker id; a document where the
+            # count differs (a normalizer that makes or eats the character) is redone with [SEP].
+            redo = [i for i, n in enumerate(counts) if markers[i] == char and ids[i].count(mid) != n]
+            if redo:
+                again = [self.mark(texts[i], self.sep_token)[0] for i in redo]
+                for i, e in zip(
+                    redo, self.encoder.encode_batch_fast(again, add_special_tokens=False), strict=True
+                ):
+                    ids[i] = e.ids
+                    marker_ids[i] = self.sep_id
+        st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
+        t2 = time.process_time()
+        flat, sent_lens, doc_of_sent, empty, cut = split_marked_tokens(
+            ids, marker_ids, self.params.max_num_tokens
+        )
+        del ids, marked
+        sents_per_doc = np.bincount(doc_of_sent, minlength=len(texts))
+        kept_docs = np.flatnonzero(sents_per_doc)
+        sent_bounds = [0, *np.cumsum(sent_lens).tolist()]
+        doc_sents = [0, *np.cumsum(sents_per_doc[kept_docs]).tolist()]
+        st.update(
+            sentences=len(sent_lens),
+            sentences_without_tokens=empty,
+            sentences_cut_to_max_length=cut,
+            documents_without_tokens=len(texts) - len(kept_docs),
+            single_sentence_documents=int((sents_per_doc[kept_docs] == 1).sum()),
+            tokens=int(flat.size),
+        )
+        pstats = PairStats()
+        balance = NspBalance(self.params.nsp_random_prob)
+        pairs: list[tuple[int, int, int, int, int]] = []
+        for dupe in range(self.dupe_factor):
+            for local, d in enumerate(kept_docs.tolist()):
+                rng = _doc_rng(self.seed, split, dupe, doc_ids[d])
+                pairs.extend(document_pairs(local, sent_bounds, doc_sents, self.params, rng, balance, pstats))
+        st.update(asdict(pstats))
+        t3 = time.process_time()
+        table = self._examples(flat, pairs, split, block, st)
+        t4 = time.process_time()
+        st["examples"] = table.num_rows
+        st["seconds"] = {
+            "read_and_mark": t1 - t0,
+            "tokenize": t2 - t1,
+            "pair": t3 - t2,
+            "build_and_mask": t4 - t3,
+        }
+        atomic_write_json(self.stats_dir / f"{split}_{block:08d}.json", st)
+        return table
+
+    def _examples(self, flat: np.ndarray, pairs: list, split: int, block: int, st: dict) -> pa.Table:
+        """The block's examples as an Arrow table (masked here in static mode)."""
+        if not pairs:
+            return _empty_table(self.spec is not None)
+        input_ids, token_type_ids, offsets, labels = build_examples(flat, pairs, self.cls_id, self.sep_id)
+        cols = {}
+        if self.spec is not None:
+            input_ids, mlm_labels = self._mask(input_ids, offsets, split, block, st)
+            cols["labels"] = mlm_labels
+        offsets = pa.array(offsets.astype(np.int32))
+        cols = {k: pa.ListArray.from_arrays(offsets, pa.array(v)) for k, v in cols.items()}
+        return pa.table(
+            {
+                "input_ids": pa.ListArray.from_arrays(offsets, pa.array(input_ids)),
+                "token_type_ids": pa.ListArray.from_arrays(offsets, pa.array(token_type_ids)),
+                "next_sentence_label": pa.array(labels),
+                **cols,
+            }
+        )
+
+    def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):
+        """Static masking, keyed by (seed, split, block, example within block)."""
+        spec = self.spec
+        masked = input_ids.copy()
+        labels = np.full(input_ids.shape, -100, dtype=np.int32)
+        for k in range(len(offsets) - 1):
+            o0, o1 = int(offsets[k]), int(offsets[k + 1])
+            rng = derive_rng(self.seed, STREAM_MASKING, _STATIC_MASK_EPOCH, split, block, k)
+            masked[o0:o1], labels[o0:o1] = mask_sequence(input_ids[o0:o1], spec, rng)
+        sel = labels != -100
+        st["mask"] = {
+            "candidates": int((~spec.special[input_ids]).sum()),
+            "masked": int(sel.sum()),
+            "as_mask_token": int((masked[sel] == spec.mask_token_id).sum()),
+            "unchanged": int((masked[sel] == input_ids[sel]).sum()),
+        }
+        return masked, labels
+
+
+_READ_BATCH_CHARS = 4 * 1024 * 1024
+_TEXT_SCHEMA = pa.schema([("text", pa.string())])
+_docs_read: Any = None  # a shared counter of documents read, for the parent's progress bar
+
+
+def _init_reader(counter: Any) -> None:
+    global _docs_read
+    _docs_read = counter
+
+
+def _read_job(data: DataConfig, paths: list[str] | None, out: str) -> ReadStats:
+    """Documents of ``paths`` (``None``: the whole configured source) into the Arrow stream
+    ``out``, a record batch per ~4 M characters: Arrow arrays built from lists of strings, with
+    no per-document Python encoding step (``Dataset.from_generator`` encodes every example
+    through ``Features``, which was half of the reading time)."""
+    stats = ReadStats()
+    batch: list[str] = []
+    size = 0
+    with pa.OSFile(out, "wb") as sink, pa.ipc.new_stream(sink, _TEXT_SCHEMA) as writer:
+
+        def flush() -> None:
+            writer.write_batch(pa.record_batch([pa.array(batch, pa.string())], schema=_TEXT_SCHEMA))
+            if _docs_read is not None:
+                with _docs_read.get_lock():
+                    _docs_read.value += len(batch)
+            batch.clear()
+
+        for text in iter_documents(data, stats, None if paths is None else [Path(p) for p in paths]):
+            batch.append(text)
+            size += len(text)
+            if size >= _READ_BATCH_CHARS:
+                flush()
+                size = 0
+        if batch:
+            flush()
+    return stats
+
+
+def _file_groups(paths: list[Path], jobs: int) -> list[list[str]]:
+    """The file list cut into at most ``jobs`` contiguous runs of about equal bytes."""
+    sizes = np.array([max(1, p.stat().st_size) for p in paths], dtype=np.float64)
+    cuts = np.searchsorted(np.cumsum(sizes), sizes.sum() * np.arange(1, jobs) / jobs, side="left") + 1
+    bounds = [0, *sorted(set(int(c) for c in cuts if 0 < c < len(paths))), len(paths)]
+    return [[str(p) for p in paths[lo:hi]] for lo, hi in itertools.pairwise(bounds)]
+
+
+def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
+    """The corpus as a one-column (``text``) memory-mapped Arrow Dataset; counts in ReadStats.
+
+    Files are read by up to ``num_proc`` processes, each a contiguous run of the file list into
+    its own Arrow file, and the files are concatenated in order, so the documents and their
+    indices are the same for any ``num_proc``. Memory stays bounded by a record batch per process.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from datasets import Dataset, concatenate_datasets
+    from tqdm.auto import tqdm
+
+    out_dir = work / "documents"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups: list[list[str] | None] = [None]
+    if is_file_source(data):
+        paths = resolve_paths(data.paths)
+        # max_documents counts across all files: one reader then
+        jobs = min(data.num_proc, len(paths)) if data.max_documents is None else 1
+        groups = _file_groups(paths, jobs) if jobs > 1 else [[str(p) for p in paths]]
+    outs = [str(out_dir / f"part-{i:05d}.arrow") for i in range(len(groups))]
+    counter = mp.Value("q", 0)
+    with tqdm(desc="reading documents", unit=" docs", dynamic_ncols=True) as bar:
+        if len(groups) == 1:
+            _init_reader(counter)
+            try:
+                parts = [_read_job(data, groups[0], outs[0])]
+            finally:
+                _init_reader(None)
+            bar.update(counter.value)
+        else:
+            with ProcessPoolExecutor(len(groups), initializer=_init_reader, initargs=(counter,)) as pool:
+                futures = [pool.submit(_read_job, data, g, o) for g, o in zip(groups, outs, strict=True)]
+                while not all(f.done() for f in futures):
+                    time.sleep(0.1)
+                    bar.update(counter.value - bar.n)
+                parts = [f.result() for f in futures]  # the first failing run (in file order) raises
+            bar.update(counter.value - bar.n)
+    stats = merge_read_stats(parts)
+    if stats.documents_kept == 0:
+        detail = f"{stats.documents_read} read, {stats.dropped_empty} empty"
+        if stats.records_without_text:
+            detail += f", {stats.records_without_text} without a string {data.text_column!r} ({stats.first_problem})"
+        raise DataError(f"no usable documents in {describe_source(data)} ({detail})")
+    docs = [Dataset.from_file(o) for o in outs]
+    return (docs[0] if len(docs) == 1 else concatenate_datasets(docs)), stats
+
+
+def _length_summary(column: Any, max_len: int) -> tuple[int, int, dict[str, int]]:
+    """``(examples, tokens, histogram)`` of the example lengths, one Arrow chunk at a time (the
+    column is memory-mapped; a whole-split length array would grow with the corpus)."""
+    width = max(1, max_len // 8)
+    counts = np.zeros(max_len // width + 1, dtype=np.int64)
+    n = total = 0
+    for chunk in column.chunks:
+        lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
+        counts += np.bincount(np.minimum(lengths, max_len) // width, minlength=counts.size)
+        n += lengths.size
+        total += int(lengths.sum())
+    hist = {f"{i * width}-{min(max_len, (i + 1) * width - 1)}": int(c) for i, c in enumerate(counts) if c}
+    return n, total, hist
+
+
+def _sum_block_stats(files: list[Path]) -> dict:
+    total: dict[str, Any] = {}
+
+    def add(dst: dict, src: dict) -> None:
+        for k, v in src.items():
+            if isinstance(v, dict):
+                add(dst.setdefault(k, {}), v)
+            else:
+                dst[k] = dst.get(k, 0) + v
+
+    for f in files:
+        add(total, json.loads(f.read_text(encoding="utf-8")))
+    return total
+
+
+_TOKENIZER_INPUTS = (
+    "source", "paths", "text_column", "hub_name", "hub_config", "hub_split", "encoding_errors", "max_documents",
+    "validation_fraction", "seed", "vocab_size", "lowercase",
+)  # fmt: skip
+
+
+def tokenizer_cache_path(data: DataConfig) -> Path:
+    """Where a tokenizer trained for this corpus is kept, shared by every data config that trains
+    on the same documents with the same vocabulary settings (WordPiece training itself is not
+    reproducible run to run - huggingface/tokenizers#1794 - so reuse keeps vocabularies equal)."""
+    inputs = {k: getattr(data, k) for k in _TOKENIZER_INPUTS}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(data.cache_dir) / "tokenizers" / key
+
+
+def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    save_tokenizer(tokenizer, tmp)
+    if path.exists():
+        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+        path.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(path)
+
+
+def balance_lanes(costs: list[int], lanes: int) -> list[list[int]]:
+    """Items (by index) spread over ``lanes`` so the largest lane total is small: longest first,
+    each to the lane with the least so far (LPT; within 4/3 of the best). Each lane lists its items
+    in ascending order."""
+    totals = [0] * lanes
+    out: list[list[int]] = [[] for _ in range(lanes)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        lane = min(range(lanes), key=lambda k: (totals[k], k))
+        totals[lane] += costs[i]
+        out[lane].append(i)
+    return [sorted(x) for x in out]
+
+
+_PAD = -1
+
+
+def _pair_blocks(
+    pairer: _BlockPairer, blocks: dict[int, list[np.ndarray]], chars: np.ndarray, data: DataConfig, work: Path
+) -> dict:
+    """Every block of both splits through one ``datasets.map``; returns the split datasets.
+
+    ``map(num_proc=N)`` gives worker k the k-th contiguous 1/N of the rows. With a few dozen
+    blocks of ~equal size that split can leave one worker a whole block behind (13 against 12
+    blocks: 8% of the wall time), so the rows are laid out as N equal-length lanes, each a
+    cost-balanced set of blocks (:func:`balance_lanes`, cost = characters) padded with no-op
+    rows, and a small validation split runs beside the training blocks. The examples come back
+    in lane order and are put back in (split, block) order, so the rows are the same for any
+    ``num_proc``; that only relies on ``map`` keeping row order, and the balance on its sharding.
+    """
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    keys = [(s, b) for s in range(len(SPLITS)) for b in range(len(blocks[s]))]
+    if not keys:
+        empty = Dataset(InMemoryTable(_empty_table(data.masking == "static")))
+        return {name: empty for name in SPLITS}
+    num_proc = min(data.num_proc, len(keys))
+    if num_proc > 1:
+        costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
+        lanes = balance_lanes(costs, num_proc)
+        width = max(map(len, lanes))
+        order = [i for lane in lanes for i in lane + [_PAD] * (width - len(lane))]
+    else:
+        order = list(range(len(keys)))
+    real = [i for i in order if i != _PAD]
+    doc_ids = [blocks[keys[i][0]][keys[i][1]] if i != _PAD else np.zeros(0, np.int64) for i in order]
+    offsets = np.zeros(len(order) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum([len(d) for d in doc_ids])
+    # Arrow columns straight from numpy: no Python int per document (memory stays flat)
+    rows = pa.table(
+        {
+            "split": pa.array(np.array([keys[i][0] if i != _PAD else _PAD for i in order], dtype=np.int64)),
+            "block": pa.array(np.array([keys[i][1] if i != _PAD else _PAD for i in order], dtype=np.int64)),
+            "doc_ids": pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(np.concatenate(doc_ids).astype(np.int64))
+            ),
+        }
+    )
+    counts = " + ".join(f"{len(blocks[s])} {name}" for s, name in enumerate(SPLITS))
+    paired = (
+        Dataset(InMemoryTable(rows))
+        .with_format("arrow")
+        .map(
+            pairer,
+            batched=True,
+            batch_size=1,
+            num_proc=num_proc if num_proc > 1 else None,
+            remove_columns=["split", "block", "doc_ids"],
+            cache_file_name=str(work / "pairs.arrow"),
+            load_from_cache_file=False,
+            new_fingerprint=f"pairs-{data.cache_key()}",
+            desc=f"pairing ({counts} blocks)",
+        )
+        .with_format(None)
+    )
+    # examples per block (from the block statistics), then each block's rows in (split, block) order
+    examples = np.zeros(len(keys), dtype=np.int64)
+    for i, (s, b) in enumerate(keys):
+        examples[i] = json.loads((pairer.stats_dir / f"{s}_{b:08d}.json").read_text(encoding="utf-8"))[
+            "examples"
+        ]
+    if int(examples.sum()) != len(paired):
+        raise RuntimeError(
+            f"pairing wrote {len(paired)} rows but the block statistics count {int(examples.sum())}"
+        )
+    return _blocks_to_splits(paired, keys, examples, real)
+
+
+def _blocks_to_splits(paired: Any, keys: list, examples: np.ndarray, real: list[int]) -> dict:
+    """Each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
+    block order (an index mapping would copy every row again when the dataset is saved)."""
+    from datasets import concatenate_datasets
+
+    start = np.zeros(len(keys), dtype=np.int64)
+    start[real] = np.concatenate([[0], np.cumsum(examples[real])[:-1]])
+    out = {}
+    for s, name in enumerate(SPLITS):
+        mine = [i for i, k in enumerate(keys) if k[0] == s and examples[i]]
+        if not mine:
+            out[name] = paired.select(range(0))
+        elif all(start[j] == start[i] + examples[i] for i, j in itertools.pairwise(mine)):
+            out[name] = paired.select(range(start[mine[0]], start[mine[-1]] + examples[mine[-1]]))
+        else:
+            out[name] = concatenate_datasets(
+                [paired.select(range(start[i], start[i] + examples[i])) for i in mine]
+            )
+    return out
+
+
+def _build(cfg: Config, out: Path, force: bool = False) -> dict:
+    """Build the whole prepared folder at ``out``; returns the stats."""
+    from datasets import DatasetDict
+
+    data = cfg.data
+    work = out / "work"
+    stats_dir = work / "blocks"
+    stats_dir.mkdir(parents=True)
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+
+    t = time.perf_counter()
+    docs, read_stats = _read_documents(data, work)
+    timings["read"] = time.perf_counter() - t
+
+    n_docs = len(docs)
+    val_mask = assign_splits(n_docs, data.validation_fraction, data.seed)
+    chars = pc.utf8_length(docs.data.table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
+    split_docs = {0: np.flatnonzero(~val_mask), 1: np.flatnonzero(val_mask)}
+    blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
+
+    t = time.perf_counter()
+    if data.tokenizer:
+        tokenizer = load_tokenizer(data.tokenizer, data.max_seq_length)
+    else:
+        train_ids = split_docs[0]
+
+        def train_texts():
+            for lo in range(0, len(train_ids), 1000):
+                yield from take_texts(docs.data.table, train_ids[lo : lo + 1000])
+
+        shared = tokenizer_cache_path(data)
+        if (shared / "tokenizer.json").is_file() and not force:
+            tokenizer = load_tokenizer(str(shared), data.max_seq_length)
+        else:
+            tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
+            _publish_tokenizer(tokenizer, shared)
+    timings["tokenizer"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    pairer = _BlockPairer(docs, tokenizer, data, stats_dir)
+    splits = _pair_blocks(pairer, blocks, chars, data, work)
+    timings["split_tokenize_pair"] = time.perf_counter() - t
+
+    if len(splits["train"]) == 0:
+        raise DataError(
+            f"{describe_source(data)} gave no training pairs: every document is a single sentence and there is no "
+            "other document for a random B; add documents or use a multi-sentence corpus"
+        )
+
+    t = time.perf_counter()
+    dd = DatasetDict(splits)
+    num_shards = {name: max(1, min(data.num_shards, len(ds))) for name, ds in dd.items()}
+    dd.save_to_disk(str(out / "dataset"), num_shards=num_shards)
+    save_tokenizer(tokenizer, out / "tokenizer")
+    timings["write"] = time.perf_counter() - t
+
+    stats = _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, time.perf_counter() - t_start)
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed) -> dict:
+    per_split = {}
+    for s, name in enumerate(SPLITS):
+        block_files = sorted(stats_dir.glob(f"{s}_*.json"))
+        blk = _sum_block_stats(block_files)
+        ds = dd[name]
+        pairs, example_tokens, histogram = _length_summary(
+            ds.data.table.column("input_ids"), data.max_seq_length
+        )
+        entry = {
+            "examples": pairs,
+            "blocks": len(block_files),
+            "documents": int(blk.get("documents", 0)),
+            "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
+            # documents marked with [SEP] rather than the faster inline marker (tokenizer.inline_marker)
+            "sep_marked_documents": int(blk.get("sep_marked_documents", 0)),
+            "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
+            "sentences": int(blk.get("sentences", 0)),
+            "sentences_without_tokens": int(blk.get("sentences_without_tokens", 0)),
+            "sentences_cut_to_max_length": int(blk.get("sentences_cut_to_max_length", 0)),
+            "tokens": int(blk.get("tokens", 0)),
+            "example_tokens": example_tokens,
+            "nsp": {
+                "random_next": int(blk.get("random_next", 0)),
+                "is_next": pairs - int(blk.get("random_next", 0)),
+                "random_share": (blk.get("random_next", 0) / pairs) if pairs else None,
+                "forced_random": int(blk.get("forced_random", 0)),
+                "no_other_document": int(blk.get("no_other_document", 0)),
+                "skipped_single_segment": int(blk.get("skipped_single_segment", 0)),
+            },
+            "truncated_tokens": int(blk.get("truncated_tokens", 0)),
+            "length_histogram": histogram,
+            "mean_length": example_tokens / pairs if pairs else None,
+            "padding_fraction_at_max_seq_length": (
+                1.0 - example_tokens / (pairs * data.max_seq_length) if pairs else None
+            ),
+            "cpu_seconds": blk.get("seconds", {}),
+        }
+        if "mask" in blk:
+            m = blk["mask"]
+            sel = max(1, m["masked"])
+            entry["masking"] = {
+                "masked": m["masked"],
+                "masked_share_of_candidates": m["masked"] / max(1, m["candidates"]),
+                "as_mask_token": m["as_mask_token"] / sel,
+                "as_random_token": (m["masked"] - m["as_mask_token"] - m["unchanged"]) / sel,
+                "unchanged": m["unchanged"] / sel,
+            }
+        per_split[name] = entry
+    tokens = sum(v["tokens"] for v in per_split.values())
+    return {
+        "source": describe_source(data),
+        "cache_key": data.cache_key(),
+        "tokenizer": data.tokenizer or f"trained WordPiece (kept in {tokenizer_cache_path(data)})",
+        "tokenizer_size": len(tokenizer),
+        "model_vocab_size": round_vocab_size(len(tokenizer)),
+        "max_seq_length": data.max_seq_length,
+        "masking": data.masking,
+        "documents": {**asdict(read_stats), "documents_kept": read_stats.documents_kept},
+        "splits": {name: v["examples"] for name, v in per_split.items()},
+        "nsp_random_share": per_split["train"]["nsp"]["random_share"],
+        "per_split": per_split,
+        "tokens": tokens,
+        "seconds": {**timings, "total": elapsed},
+        "tokens_per_sec": tokens / elapsed if elapsed > 0 else None,
+        "num_proc": data.num_proc,
+    }
+
+
+def _warnings(stats: dict) -> list[str]:
+    out = []
+    train = stats["per_split"]["train"]
+    share = train["nsp"]["random_share"]
+    if share is not None and not 0.45 <= share <= 0.55:
+        why = ""
+        if train["nsp"]["no_other_document"] or train["nsp"]["skipped_single_segment"]:
+            why = " (a block holds a single document, so a random B was impossible; add documents)"
+        elif train["nsp"]["forced_random"] > 0.5 * train["examples"]:
+            why = " (most chunks are single sentences, which force a random B; use longer documents)"
+        out.append(f"NSP random share {share:.3f} is outside 0.45-0.55{why}")
+    d = stats["documents"]
+    if d["invalid_utf8_replaced"]:
+        out.append(f"{d['invalid_utf8_replaced']} invalid UTF-8 sequences were replaced with U+FFFD")
+    if d["records_without_text"] or d["invalid_json_lines"]:
+        out.append(
+            f"skipped {d['records_without_text']} records without text and {d['invalid_json_lines']} invalid JSON "
+            f"lines; first: {d['first_problem']}"
+        )
+    return out
+
+
+def print_summary(stats: dict, path: Path) -> None:
+    """A short human summary of ``stats.json``."""
+    d, train, val = stats["documents"], stats["per_split"]["train"], stats["per_split"]["validation"]
+    lines = [
+        f"prepared {stats['source']} -> {path}",
+        f"  documents: {d['documents_read']} read, {d['documents_kept']} kept, {d['dropped_empty']} empty dropped, "
+        f"{train['documents']} train / {val['documents']} validation",
+        f"  sentences: {train['sentences'] + val['sentences']}, tokens: {stats['tokens']}, "
+        f"tokenizer: {stats['tokenizer_size']} (model vocab {stats['model_vocab_size']})",
+        f"  examples: {train['examples']} train / {val['examples']} validation, max_seq_length "
+        f"{stats['max_seq_length']}, mean length {train['mean_length'] or 0:.1f}, padding at max length "
+        f"{(train['padding_fraction_at_max_seq_length'] or 0):.1%}",
+        f"  NSP random share (train): {train['nsp']['random_share'] or 0:.3f} "
+        f"({train['nsp']['forced_random']} forced by one-segment chunks)",
+    ]
+    if "masking" in train:
+        m = train["masking"]
+        lines.append(
+            f"  static masking: {m['masked_share_of_candidates']:.3f} of tokens, "
+            f"{m['as_mask_token']:.2f}/{m['as_random_token']:.2f}/{m['unchanged']:.2f} mask/random/kept"
+        )
+    sec = stats["seconds"]
+    lines.append(
+        "  seconds: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sec.items())
+        + f"; {stats['tokens_per_sec']:.0f} tokens/s"
+    )
+    lines += [f"  warning: {w}" for w in _warnings(stats)]
+    print("\n".join(lines), flush=True)
+
+
+def prepare(cfg: Config, force: bool = False) -> Path:
+    """The prepared folder for ``cfg.data``, built unless a complete cached copy exists (or ``force``)."""
+    data = cfg.data
+    data.validate()
+    final = cache_path(data)
+    if is_complete(final) and not force:
+        print(f"bert-mp prepare: reusing {final} (same data config; --force rebuilds)", flush=True)
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        stats = _build(cfg, tmp, force)
+        stats["warnings"] = _warnings(stats)
+        save_config(data_only(cfg), tmp / "config.yaml")
+        atomic_write_json(tmp / "stats.json", stats)
+        (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+        if final.exists():
+            old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+            final.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(stats, final)
+    return final
+
+
+def data_only(cfg: Config) -> Config:
+    """The config with only the data section from ``cfg`` (the rest at defaults): what the folder depends on."""
+    return Config(data=cfg.data)
+
+
+def command(config_path: str | None, overrides: list[str], force: bool = False) -> int:
+    """``bert-mp prepare [CONFIG] [key=value ...] [--force]``."""
+    cfg = load_config(config_path, overrides)
+    prepare(cfg, force=force)
+    return 0

@@ -1,0 +1,187 @@
+"""Sentence splitting: pure functions from a document's text to its sentences.
+
+The built-in ``rule`` splitter is one regular-expression pass: a sentence ends at ``.``, ``!`` or
+``?`` (optionally followed by a closing quote or bracket) before whitespace and an upper-case
+letter, digit or opening quote - unless the punctuation ends a common abbreviation - and at every
+blank line.
+
+Two forms of the same boundaries: :func:`split_sentences` returns the sentences (tests, small
+inputs); :func:`build_marker` rewrites a document so that a marker stands at every boundary.
+``prepare`` uses the marked form: one ``encode_batch_fast`` input per document instead of one per
+sentence, and sentence boundaries come back as marker ids in the token stream, with no Python list
+of sentences in between. The marker is the tokenizer's ``[SEP]`` or, where it is proven
+equivalent, a punctuation character (see ``bert_mp.data.tokenizer.inline_marker``), which the Rust
+tokenizer handles without its slower special-token pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+from bert_mp.errors import DataError
+
+_ABBREVIATIONS = (
+    "e.g.", "i.e.", "etc.", "cf.", "vs.", "Mr.", "Mrs.", "Ms.", "Dr.", "Prof.", "St.", "No.", "Fig.",
+    "approx.", "resp.", "Jr.", "Sr.", "Inc.", "Ltd.", "U.S.",
+)  # fmt: skip
+# The punctuation is captured (not looked behind) so the scan runs several times faster; the
+# abbreviation look-behinds only run where a candidate boundary already matched.
+_SENTENCE_END = (
+    r"([.!?][\"')\]]?)"
+    + r"(?=\s+[\"'(\[]?[A-Z0-9])"  # ... before a capital, digit or opening quote
+    + "".join(rf"(?<!\b{re.escape(a)})" for a in _ABBREVIATIONS)
+    + r"\s+"
+)
+_BLANK = r"\n[ \t]*\n\s*"
+_BOUNDARY = re.compile(_SENTENCE_END + "|" + _BLANK)
+# The same boundaries in two passes (used to mark): a pattern that starts with a character class
+# is scanned for it at C speed, the alternation is not - half the time per document. Equal to one
+# pass with _BOUNDARY because a sentence-end match consumes all whitespace after it (blank lines
+# included) and a blank-line match spans whitespace only, where no sentence end can start.
+_SENTENCE_END_RE = re.compile(_SENTENCE_END)
+_BLANK_RE = re.compile(_BLANK)
+
+Splitter = Callable[[str], list[str]]
+Marker = Callable[[str, str], tuple[str, int]]
+"""``(text, marker) -> (marked text, number of markers in it)``."""
+
+
+def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
+    """Cut a piece longer than ``max_chars`` at whitespace (hard cut when there is none)."""
+    out = []
+    while len(sentence) > max_chars:
+        cut = max(
+            sentence.rfind(" ", max_chars // 2, max_chars), sentence.rfind("\n", max_chars // 2, max_chars)
+        )
+        if cut <= 0:
+            cut = max_chars
+        out.append(sentence[:cut].rstrip())
+        sentence = sentence[cut:].lstrip()
+    if sentence:
+        out.append(sentence)
+    return out
+
+
+def _finish(pieces: list[str], max_chars: int) -> list[str]:
+    """Strip pieces, drop empty ones, cut overlong ones (inner whitespace is left alone)."""
+    out: list[str] = []
+    for p in pieces:
+        p = p.strip()
+        if len(p) > max_chars:
+            out.extend(_cut_overlong(p, max_chars))
+        elif p:
+            out.append(p)
+    return out
+
+
+def split_sentences(text: str, max_chars: int = 2048) -> list[str]:
+    """Sentences of ``text`` (rule-based), stripped, none empty, none over ``max_chars``."""
+    parts = _BOUNDARY.split(text)
+    # parts = [text, punctuation-or-None, text, punctuation-or-None, ..., text]
+    pieces = [parts[i] + parts[i + 1] if parts[i + 1] else parts[i] for i in range(0, len(parts) - 1, 2)]
+    pieces.append(parts[-1])
+    return _finish(pieces, max_chars)
+
+
+def mark_sentences(text: str, marker: str) -> str:
+    """``text`` with ``marker`` at every rule boundary (replacing the whitespace there) and at the end."""
+    return _mark_rule(text, marker)[0]
+
+
+def _mark_rule(text: str, marker: str) -> tuple[str, int]:
+    # Split at sentence ends and join with the marker: every step runs in C. (A substitution
+    # template with the group reference expands in Python once per boundary before Python 3.12,
+    # ~40% slower.) parts = [text, punctuation, text, punctuation, ..., text].
+    parts = _SENTENCE_END_RE.split(text.strip())
+    marked = marker.join([*map(operator.add, parts[0:-1:2], parts[1::2]), parts[-1]])
+    marked, m = _BLANK_RE.subn(marker.replace("\\", "\\\\"), marked)  # a literal template
+    return marked + marker, len(parts) // 2 + m + 1
+
+
+def _optional_splitter(name: str) -> Callable[[str], list[str]]:
+    if name == "nltk":
+        try:
+            import nltk
+
+            nltk.sent_tokenize("Probe. Sentence.")
+        except ImportError:
+            raise DataError("data.sentence_splitter=nltk needs `pip install nltk`") from None
+        except LookupError:
+            raise DataError(
+                "data.sentence_splitter=nltk needs the punkt model: python -m nltk.downloader punkt_tab"
+            ) from None
+        return lambda para: nltk.sent_tokenize(para)
+    if name == "blingfire":
+        try:
+            import blingfire
+        except ImportError:
+            raise DataError("data.sentence_splitter=blingfire needs `pip install blingfire`") from None
+        return lambda para: blingfire.text_to_sentences(para).split("\n")
+    raise DataError(f"unknown sentence splitter {name!r} (rule, nltk, blingfire)")
+
+
+def build_splitter(name: str, max_chars: int = 2048) -> Splitter:
+    """The splitter called ``name`` (``rule``, or ``nltk`` / ``blingfire`` when installed)."""
+    if name == "rule":
+        return lambda text: split_sentences(text, max_chars)
+    split = _optional_splitter(name)
+    return lambda text: _finish([s for para in re.split(r"\n[ \t]*\n", text) for s in split(para)], max_chars)
+
+
+def build_marker(name: str) -> Marker:
+    """``(text, marker) -> (marked, count)``: ``marker`` after every sentence of the splitter ``name``."""
+    if name == "rule":
+        return _mark_rule
+    split = build_splitter(name, max_chars=1 << 62)
+
+    def mark(text: str, marker: str) -> tuple[str, int]:
+        sentences = split(text)
+        return "".join(s + marker for s in sentences), len(sentences)
+
+    return mark
+
+
+def split_marked_tokens(
+    ids: list[list[int]], marker_id: int | np.ndarray, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Sentences from the token ids of marked documents (``marker_id`` after every sentence).
+
+    ``marker_id`` is one id for all documents or an array with one per document.
+
+    Returns ``(flat, lengths, document, empty, cut)``: all sentence tokens in order without the
+    markers, the length of each sentence and its document's position in ``ids``, the number of
+    sentences without tokens (dropped) and the number cut into pieces of ``max_tokens`` (a
+    sentence longer than a whole example would otherwise lose everything past its first piece).
+    """
+    doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(doc_lens.sum()))
+    if np.ndim(marker_id):
+        is_marker = flat == np.repeat(np.asarray(marker_id, dtype=np.int32), doc_lens)
+    else:
+        is_marker = flat == marker_id
+    doc_ends = np.cumsum(doc_lens)
+    if not is_marker[doc_ends[doc_lens > 0] - 1].all():
+        raise DataError(
+            "the tokenizer does not keep its [SEP] token when it appears in text; bert_mp needs that"
+        )
+    marker_pos = np.flatnonzero(is_marker)
+    starts = np.zeros_like(marker_pos)
+    starts[1:] = marker_pos[:-1] + 1
+    lengths = marker_pos - starts
+    document = np.searchsorted(doc_ends, marker_pos, side="right")
+    pieces = (lengths + max_tokens - 1) // max_tokens  # 0 for an empty sentence
+    piece_len = np.full(int(pieces.sum()), max_tokens, dtype=np.int64)
+    has = pieces > 0
+    piece_len[np.cumsum(pieces[has]) - 1] = lengths[has] - (pieces[has] - 1) * max_tokens
+    return (
+        flat[~is_marker],
+        piece_len,
+        np.repeat(document, pieces),
+        int((~has).sum()),
+        int((pieces > 1).sum()),
+    )

@@ -1,0 +1,1 @@
+"""``bert-mp finetune``: sequence classification from an exported checkpoint."""

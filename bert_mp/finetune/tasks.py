@@ -1,0 +1,437 @@
+"""Downstream classification tasks for ``bert-mp finetune``: built-in, local files, Hub / GLUE.
+
+Every loader returns a ``datasets.DatasetDict`` with the same columns - ``text``, optional
+``text_pair``, ``label`` (raw values: strings or integers) - and a ``stats`` dict of what was dropped
+or counted, so fine-tuning never needs to know where the data came from.
+
+The built-in tasks label stdlib docstrings with real metadata (the top-level package a docstring
+belongs to, or whether it documents a module, class or function). Their split is fixed and split by
+module: all docstrings of one module land in one split, and a text that occurs in an earlier split is
+dropped from the later ones, so no document leaks across splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from bert_mp.core.config import FinetuneConfig
+from bert_mp.data.builtin_corpus import Docstring, iter_stdlib_docstrings
+from bert_mp.errors import ConfigError, DataError
+
+SPLITS = ("train", "validation", "test")
+BUILTIN_FRACTIONS = {"train": 0.7, "validation": 0.15, "test": 0.15}
+# Seed of the held-out validation split carved from train when none is given: fixed, so runs with
+# different training seeds are evaluated on the same examples.
+HOLDOUT_SEED = 0
+
+# GLUE classification tasks: (text column, text-pair column, validation split). STS-B is regression.
+GLUE_TASKS: dict[str, tuple[str, str | None, str]] = {
+    "cola": ("sentence", None, "validation"),
+    "sst2": ("sentence", None, "validation"),
+    "mrpc": ("sentence1", "sentence2", "validation"),
+    "qqp": ("question1", "question2", "validation"),
+    "mnli": ("premise", "hypothesis", "validation_matched"),
+    "mnli_matched": ("premise", "hypothesis", "validation"),
+    "mnli_mismatched": ("premise", "hypothesis", "validation"),
+    "qnli": ("question", "sentence", "validation"),
+    "rte": ("sentence1", "sentence2", "validation"),
+    "wnli": ("sentence1", "sentence2", "validation"),
+    "ax": ("premise", "hypothesis", "test"),
+}
+GLUE_REPO = "nyu-mll/glue"
+
+_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+@dataclass
+class TaskData:
+    """A loaded task: splits with ``text`` / ``text_pair`` / ``label`` columns and what was counted."""
+
+    name: str
+    splits: datasets.DatasetDict
+    has_pair: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# built-in tasks (pure functions of the docstrings)
+# --------------------------------------------------------------------------------------------------
+def _stable_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def assign_modules(
+    sizes: Mapping[str, int], fractions: Mapping[str, float] = BUILTIN_FRACTIONS
+) -> dict[str, str]:
+    """Assign whole modules to splits so each split gets close to its share of the examples.
+
+    Largest modules first, each to the split furthest below its target (ties broken by a hash of the
+    module name, so the result depends on neither dict order nor Python's hash seed). Afterwards an
+    empty split takes the smallest module of the split with the most modules, so with at least as
+    many modules as splits every split has one.
+    """
+    order = sorted(sizes, key=lambda m: (-sizes[m], _stable_hash(m)))
+    total = sum(sizes.values())
+    filled = dict.fromkeys(fractions, 0)
+    out: dict[str, str] = {}
+    for module in order:
+        split = max(fractions, key=lambda s: fractions[s] * total - filled[s])
+        out[module] = split
+        filled[split] += sizes[module]
+    for split in fractions:
+        members = Counter(out.values())
+        if members[split] or len(sizes) < len(fractions):
+            continue
+        donor = max(fractions, key=lambda s: members[s])
+        smallest = min((m for m in order if out[m] == donor), key=lambda m: (sizes[m], _stable_hash(m)))
+        out[smallest] = split
+    return out
+
+
+def _split_rows(rows: Sequence[dict], module_split: Mapping[str, str]) -> tuple[dict[str, list[dict]], int]:
+    """Place rows by their module's split; drop a text already seen in an earlier split (counted)."""
+    by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    for row in rows:
+        by_split[module_split[row["module"]]].append(row)
+    seen: set[str] = set()
+    dropped = 0
+    for split in SPLITS:
+        kept = []
+        for row in by_split[split]:
+            key = _normalize(row["text"])
+            if split != "train" and key in seen:
+                dropped += 1
+                continue
+            kept.append(row)
+        seen.update(_normalize(r["text"]) for r in kept)
+        by_split[split] = kept
+    return by_split, dropped
+
+
+def builtin_package_rows(
+    docstrings: Iterable[Docstring], min_modules: int = 4, min_examples: int = 100, min_words: int = 3
+) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """Label = top-level stdlib package; only packages with enough modules and docstrings are classes.
+
+    Each package's modules are split separately (``assign_modules``), so every class appears in
+    every split while no module is in two splits.
+    """
+    rows = [
+        {"text": d.text, "label": d.package, "module": d.module, "kind": d.kind}
+        for d in docstrings
+        if len(d.text.split()) >= min_words
+    ]
+    modules: dict[str, Counter] = defaultdict(Counter)
+    for r in rows:
+        modules[r["label"]][r["module"]] += 1
+    classes = sorted(
+        p for p, mods in modules.items() if len(mods) >= min_modules and sum(mods.values()) >= min_examples
+    )
+    if len(classes) < 2:
+        raise DataError(
+            f"built-in package task: only {len(classes)} stdlib package(s) have >= {min_modules} modules and "
+            f">= {min_examples} docstrings; lower finetune.builtin_min_modules / finetune.builtin_min_examples"
+        )
+    module_split: dict[str, str] = {}
+    for package in classes:
+        module_split.update(assign_modules(modules[package]))
+    chosen = [r for r in rows if r["module"] in module_split]
+    by_split, dropped = _split_rows(chosen, module_split)
+    stats = {
+        "classes": classes,
+        "docstrings_considered": len(rows),
+        "docstrings_outside_classes": len(rows) - len(chosen),
+        "duplicate_texts_dropped": dropped,
+        "modules_per_split": {s: sum(1 for v in module_split.values() if v == s) for s in SPLITS},
+    }
+    return by_split, stats
+
+
+def builtin_kind_rows(
+    docstrings: Iterable[Docstring], min_words: int = 3
+) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """Label = what the docstring documents: module, class or function. Split by module."""
+    rows = [
+        {"text": d.text, "label": d.kind, "module": d.module, "kind": d.kind}
+        for d in docstrings
+        if len(d.text.split()) >= min_words
+    ]
+    module_split = assign_modules(Counter(r["module"] for r in rows))
+    by_split, dropped = _split_rows(rows, module_split)
+    stats = {
+        "classes": sorted({r["label"] for r in rows}),
+        "docstrings_considered": len(rows),
+        "duplicate_texts_dropped": dropped,
+        "modules_per_split": {s: sum(1 for v in module_split.values() if v == s) for s in SPLITS},
+    }
+    return by_split, stats
+
+
+def load_builtin(cfg: FinetuneConfig, root: Path | None = None) -> TaskData:
+    """The built-in offline task named by ``cfg.task`` (stdlib docstrings of this Python)."""
+    docstrings = iter_stdlib_docstrings(root)
+    if cfg.task == "builtin-package":
+        by_split, stats = builtin_package_rows(
+            docstrings, cfg.builtin_min_modules, cfg.builtin_min_examples, cfg.builtin_min_words
+        )
+    else:
+        by_split, stats = builtin_kind_rows(docstrings, cfg.builtin_min_words)
+    features = datasets.Features(
+        {name: datasets.Value("string") for name in ("text", "label", "module", "kind")}
+    )
+    splits = datasets.DatasetDict(
+        {s: datasets.Dataset.from_list(by_split[s], features=features) for s in SPLITS}
+    )
+    return TaskData(cfg.task, splits, has_pair=False, stats=stats)
+
+
+# --------------------------------------------------------------------------------------------------
+# local files and the Hub
+# --------------------------------------------------------------------------------------------------
+def _file_format(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FORMATS:
+        raise ConfigError(
+            f"finetune data file {path}: unknown extension {suffix!r}; use .csv, .tsv, .jsonl, .json or .parquet"
+        )
+    return _FORMATS[suffix]
+
+
+def read_table_file(path: str, key: str) -> datasets.Dataset:
+    """One CSV / TSV / JSON Lines / Parquet file as a Dataset; problems name ``key`` and the file."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{key}: file not found: {path}")
+    fmt = _file_format(path)
+    if Path(path).stat().st_size == 0:
+        raise DataError(f"{key}: {path} is empty (0 bytes)")
+    kwargs = {"delimiter": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
+    try:
+        ds = datasets.load_dataset(fmt, data_files={"rows": str(path)}, split="rows", **kwargs)
+    except Exception as e:  # pyarrow / pandas raise many types for malformed files
+        cause = e.__cause__ or e.__context__
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "corresponds to no data" in detail or (cause is not None and "No columns" in str(cause)):
+            raise DataError(f"{key}: {path} has no data rows (a header at most)") from None
+        if cause is not None and str(cause):
+            detail = f"{detail}: {str(cause).splitlines()[0]}"
+        raise DataError(f"{key}: cannot read {path} as {fmt}: {detail}") from None
+    if len(ds) == 0:
+        raise DataError(f"{key}: {path} has no data rows (a header at most)")
+    return ds
+
+
+def load_local(cfg: FinetuneConfig) -> datasets.DatasetDict:
+    """CSV / JSON Lines / Parquet files (one per split) as a DatasetDict, columns untouched."""
+    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    return datasets.DatasetDict(
+        {split: read_table_file(path, f"finetune.{split}_file") for split, path in files.items() if path}
+    )
+
+
+def load_hub(name: str, config: str | None, splits: Mapping[str, str | None]) -> datasets.DatasetDict:
+    """Named splits of a Hub dataset (or a local dataset folder) through ``datasets.load_dataset``."""
+    try:
+        loaded = datasets.load_dataset(name, config)
+    except Exception as e:  # offline, unknown name, bad config: the message says which
+        raise DataError(
+            f"cannot load dataset {name!r}{f' ({config})' if config else ''}: {str(e).splitlines()[0]} "
+            "(no network? set HF_DATASETS_OFFLINE=0, or use finetune.task=local with files)"
+        ) from None
+    out = {}
+    for split, source in splits.items():
+        if source is None:
+            continue
+        if source not in loaded:
+            raise DataError(f"dataset {name!r} has no split {source!r}; it has {', '.join(loaded)}")
+        out[split] = loaded[source]
+    return datasets.DatasetDict(out)
+
+
+def _normalize_columns(
+    raw: datasets.DatasetDict, text: str, pair: str | None, label: str
+) -> datasets.DatasetDict:
+    """Keep and rename the task's columns to text / text_pair / label; name a missing one clearly."""
+    wanted = {text: "text", label: "label"}
+    if pair:
+        wanted[pair] = "text_pair"
+    out = {}
+    for split, ds in raw.items():
+        missing = [c for c in wanted if c not in ds.column_names]
+        if missing:
+            raise DataError(
+                f"{split} data has no column {missing[0]!r} (columns: {', '.join(ds.column_names)}); "
+                "set finetune.text_column / finetune.text_pair_column / finetune.label_column"
+            )
+        ds = ds.select_columns(list(wanted))
+        renames = {k: v for k, v in wanted.items() if k != v}
+        out[split] = ds.rename_columns(renames) if renames else ds
+    return datasets.DatasetDict(out)
+
+
+def _drop_incomplete(
+    splits: datasets.DatasetDict, label_names: Sequence[str] | None
+) -> tuple[datasets.DatasetDict, dict]:
+    """Drop rows without text or label (GLUE marks hidden labels with -1); counted per split."""
+    dropped = {}
+    out = {}
+    for split, ds in splits.items():
+
+        def complete(row: dict) -> bool:
+            if row["text"] is None or not str(row["text"]).strip():
+                return False
+            if "text_pair" in row and row["text_pair"] is None:
+                return False
+            lab = row["label"]
+            return lab is not None and not (label_names is not None and lab == -1)
+
+        kept = ds.filter(complete)
+        dropped[split] = len(ds) - len(kept)
+        out[split] = kept
+    return datasets.DatasetDict(out), dropped
+
+
+def _holdout_validation(splits: datasets.DatasetDict, fraction: float) -> datasets.DatasetDict:
+    train = splits["train"]
+    if len(train) < 4:
+        raise DataError(f"train has {len(train)} examples: too few to hold out a validation split")
+    parts = train.train_test_split(test_size=fraction, seed=HOLDOUT_SEED)
+    out = dict(splits)
+    out["train"], out["validation"] = parts["train"], parts["test"]
+    return datasets.DatasetDict(out)
+
+
+def load_task(cfg: FinetuneConfig, builtin_root: Path | None = None) -> TaskData:
+    """Load the task named by ``cfg.task`` with text / text_pair / label columns and counted drops."""
+    if cfg.task.startswith("builtin-"):
+        return load_builtin(cfg, builtin_root)
+    text, pair, label = cfg.text_column, cfg.text_pair_column, cfg.label_column
+    if cfg.task == "local":
+        raw = load_local(cfg)
+    elif cfg.task == "hub":
+        raw = load_hub(
+            cfg.hub_name,  # type: ignore[arg-type]  # validate() requires it for task=hub
+            cfg.hub_config,
+            {"train": cfg.train_split, "validation": cfg.validation_split, "test": cfg.test_split},
+        )
+    else:
+        glue = cfg.task.split("/", 1)[1]
+        if glue not in GLUE_TASKS:
+            raise ConfigError(
+                f"finetune.task: unknown GLUE classification task {glue!r}; choose one of {', '.join(GLUE_TASKS)}"
+                " (stsb is regression and not supported)"
+            )
+        text, pair, val_split = GLUE_TASKS[glue]
+        label = "label"
+        # GLUE test labels are hidden (-1), so there are no test metrics for GLUE.
+        raw = load_hub(GLUE_REPO, glue, {"train": "train", "validation": val_split})
+    if "train" not in raw:
+        raise DataError(f"task {cfg.task}: no training data")
+    label_feature = raw["train"].features.get(label)
+    label_names = label_feature.names if isinstance(label_feature, datasets.ClassLabel) else None
+    splits = _normalize_columns(raw, text, pair, label)
+    splits, dropped = _drop_incomplete(splits, label_names)
+    if "validation" not in splits:
+        splits = _holdout_validation(splits, cfg.validation_fraction)
+    stats: dict[str, Any] = {"rows_without_text_or_label_dropped": dropped}
+    if label_names is not None:
+        stats["label_names"] = list(label_names)
+    return TaskData(cfg.task, splits, has_pair=pair is not None, stats=stats)
+
+
+# --------------------------------------------------------------------------------------------------
+# labels
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class LabelSpace:
+    """Label values seen in train, in a fixed order; id = position. Unseen values get ids >= size."""
+
+    values: list[Any]
+    names: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.names))
+
+    def label2id(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
+def _canonical(value: Any) -> Any:
+    """Integral floats (a CSV column with gaps) become ints; other floats mean regression."""
+    if isinstance(value, float):
+        if math.isnan(value) or not value.is_integer():
+            raise DataError(
+                f"label {value!r} is not a class: bert-mp finetune does classification (labels must be "
+                "strings or integers), not regression"
+            )
+        return int(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def build_label_space(train_labels: Sequence[Any], class_names: Sequence[str] | None = None) -> LabelSpace:
+    """Classes from the training labels: sorted values (numbers numerically, strings by text).
+
+    With ``class_names`` (a ``datasets.ClassLabel``) the integer ids and names are the dataset's own.
+    """
+    if class_names is not None:
+        return LabelSpace(list(range(len(class_names))), [str(n) for n in class_names])
+    values = {_canonical(v) for v in train_labels}
+    if len({type(v) for v in values}) > 1:
+        raise DataError("the label column mixes strings and numbers; make it one type")
+    if len(values) < 2:
+        raise DataError(f"train has {len(values)} distinct label(s); classification needs at least 2")
+    ordered = sorted(values)
+    return LabelSpace(ordered, [str(v) for v in ordered])
+
+
+def encode_labels(
+    labels: Sequence[Any], space: LabelSpace, split: str, policy: str = "count"
+) -> tuple[list[int], dict[str, int]]:
+    """Map raw labels to ids; values absent from train get ids >= space.size and are counted.
+
+    ``policy="count"`` keeps such examples (the model cannot predict them, so they count as errors
+    in accuracy and F1, and are excluded from the loss); ``"error"`` stops with the values found.
+    """
+    index = {v: i for i, v in enumerate(space.values)}
+    unseen: dict[str, int] = {}
+    extra: dict[Any, int] = {}
+    ids = []
+    for raw in labels:
+        v = _canonical(raw)
+        if v in index:
+            ids.append(index[v])
+            continue
+        if v not in extra:
+            extra[v] = space.size + len(extra)
+        unseen[str(v)] = unseen.get(str(v), 0) + 1
+        ids.append(extra[v])
+    if unseen and policy == "error":
+        shown = ", ".join(f"{k!r} x{n}" for k, n in sorted(unseen.items())[:5])
+        raise DataError(
+            f"{split} has labels never seen in train: {shown}; fix the data or set finetune.unseen_labels=count"
+        )
+    return ids, unseen

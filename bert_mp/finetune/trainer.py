@@ -1,0 +1,684 @@
+"""``bert-mp finetune``: sequence classification from an exported checkpoint, with plain transformers.
+
+The checkpoint (a bert_mp ``final/`` folder, any BERT folder, or a Hub name) is loaded with
+``BertForSequenceClassification.from_pretrained``: the pretraining heads (``cls.*``) are left unused
+and only ``classifier.*`` is new, which the run records. Training follows the pretraining loop's
+conventions - Accelerate, one precision plan from :mod:`bert_mp.core.precision`, fp32 loss, fp16 steps
+skipped by the scaler advance neither the scheduler nor the step count - on the training core it
+shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
+collapse), checkpoints and resume (``finetune.resume=latest``), SIGTERM handling and run log. It
+writes ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every
+``finetune.save_every`` steps) and ``final/`` (save_pretrained + tokenizer) into ``finetune.output_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Sampler
+
+from bert_mp.core.accelerator import build_accelerator, resolve_plan
+from bert_mp.core.checkpointer import Checkpointer
+from bert_mp.core.config import Config, load_config
+from bert_mp.core.export import finish_hf_folder
+from bert_mp.core.guard import NumericsGuard
+from bert_mp.core.io import looks_like_local_path
+from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
+from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
+from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.runlog import RunLog
+from bert_mp.errors import ConfigError, DataError, TrainingError
+from bert_mp.finetune.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
+
+# Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
+# and the pooler when the checkpoint came from a model without one (e.g. BertForMaskedLM).
+_NEW_OK_PREFIXES = ("classifier.", "bert.pooler.")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+# A model's embedding table may be padded past its tokenizer (bert_mp rounds to 64, others to 128).
+_MAX_VOCAB_PADDING = 128
+
+
+# --------------------------------------------------------------------------------------------------
+# metrics (pure)
+# --------------------------------------------------------------------------------------------------
+def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> dict[str, Any]:
+    """Accuracy, macro-F1 and Matthews correlation, plus per-class F1.
+
+    Classes are those occurring in ``y_true`` or ``y_pred`` (scikit-learn's convention). The MCC is
+    Gorodkin's multi-class form, which equals the usual binary MCC for two classes.
+    """
+    n = len(y_true)
+    if n == 0:
+        return {"accuracy": None, "macro_f1": None, "mcc": None, "per_class_f1": {}, "examples": 0}
+    true_counts, pred_counts = Counter(y_true), Counter(y_pred)
+    tp = Counter(t for t, p in zip(y_true, y_pred) if t == p)
+    classes = sorted(set(true_counts) | set(pred_counts))
+    f1 = {}
+    for c in classes:
+        denom = true_counts[c] + pred_counts[c]
+        f1[c] = 2 * tp[c] / denom if denom else 0.0
+    correct = sum(tp.values())
+    cov_tp = correct * n - sum(true_counts[c] * pred_counts[c] for c in classes)
+    cov_pp = n * n - sum(v * v for v in pred_counts.values())
+    cov_tt = n * n - sum(v * v for v in true_counts.values())
+    mcc = cov_tp / math.sqrt(cov_pp * cov_tt) if cov_pp > 0 and cov_tt > 0 else 0.0
+    return {
+        "accuracy": correct / n,
+        "macro_f1": sum(f1.values()) / len(classes),
+        "mcc": mcc,
+        "per_class_f1": f1,
+        "examples": n,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoint, tokenizer, model
+# --------------------------------------------------------------------------------------------------
+def resolve_checkpoint(ref: str | None) -> str:
+    """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early."""
+    from transformers import AutoConfig
+
+    if not ref:
+        raise ConfigError(
+            "finetune.checkpoint: set it to an exported folder (e.g. runs/train/final), a BERT checkpoint "
+            "folder, or a Hub name such as google-bert/bert-base-uncased"
+        )
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and (path / "final" / "config.json").is_file():
+            path = path / "final"
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"finetune.checkpoint: {ref} is not a BERT checkpoint (no config.json); point it at a "
+                "save_pretrained folder such as <train.output_dir>/final"
+            )
+        if not any((path / f).is_file() for f in _WEIGHT_FILES):
+            raise ConfigError(
+                f"finetune.checkpoint: {path} has a config.json but no weights ({', '.join(_WEIGHT_FILES[::2])})"
+            )
+        try:
+            model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
+        ref = str(path)
+    elif path.exists() or looks_like_local_path(ref):
+        raise ConfigError(
+            f"finetune.checkpoint: {ref} is not a folder"
+            if path.exists()
+            else f"finetune.checkpoint: no such folder: {ref}"
+        )
+    else:
+        try:
+            model_type = AutoConfig.from_pretrained(ref).model_type
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                f"finetune.checkpoint: {ref!r} is neither a local folder nor loadable from the Hub "
+                f"({str(e).splitlines()[0]}); offline runs need a local folder"
+            ) from None
+    if model_type != "bert":
+        raise ConfigError(
+            f"finetune.checkpoint: {ref} is a {model_type!r} checkpoint; bert-mp finetune loads BERT (model_type bert)"
+        )
+    return ref
+
+
+def load_tokenizer(ref: str) -> Any:
+    """The tokenizer saved with the checkpoint (or named by finetune.tokenizer)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(ref)
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(
+            f"no tokenizer could be loaded from {ref} ({str(e).splitlines()[0]}); set finetune.tokenizer to "
+            "the tokenizer the checkpoint was trained with"
+        ) from None
+    if tok.pad_token_id is None or tok.cls_token_id is None or tok.sep_token_id is None:
+        raise ConfigError(f"tokenizer {ref} lacks [PAD]/[CLS]/[SEP] tokens; it is not a BERT tokenizer")
+    return tok
+
+
+def check_vocab(tokenizer: Any, vocab_size: int, ckpt: str, tok_ref: str) -> None:
+    """The tokenizer must index the checkpoint's embeddings: same vocabulary, up to table padding."""
+    n = len(tokenizer)
+    if n > vocab_size or vocab_size - n > _MAX_VOCAB_PADDING:
+        raise ConfigError(
+            f"tokenizer {tok_ref} has {n} tokens but checkpoint {ckpt} has {vocab_size} embeddings: they do not "
+            "belong together; set finetune.tokenizer to the tokenizer the checkpoint was trained with"
+        )
+
+
+def build_classifier(ckpt: str, labels: LabelSpace, init: str, seed: int) -> tuple[Any, dict]:
+    """``BertForSequenceClassification`` from the checkpoint (or its architecture, freshly initialised).
+
+    Returns the model and the loading record: weights newly initialised and checkpoint weights unused.
+    """
+    from transformers import BertConfig, BertForSequenceClassification, set_seed
+
+    head = {"num_labels": labels.size, "id2label": labels.id2label(), "label2id": labels.label2id()}
+    set_seed(seed)
+    if init == "random":
+        model = BertForSequenceClassification(BertConfig.from_pretrained(ckpt, **head))
+        names = sorted(model.state_dict())
+        return model, {"init": "random", "newly_initialized": names, "unused": []}
+    model, info = BertForSequenceClassification.from_pretrained(
+        ckpt, **head, ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
+    new = sorted(set(info["missing_keys"]) | set(mismatched))
+    bad = [k for k in new if not k.startswith(_NEW_OK_PREFIXES)]
+    if bad:
+        raise ConfigError(
+            f"finetune.checkpoint: {ckpt} lacks {len(bad)} encoder weights (e.g. {bad[0]}); it is not a "
+            "compatible BERT checkpoint"
+        )
+    return model, {"init": "pretrained", "newly_initialized": new, "unused": sorted(info["unexpected_keys"])}
+
+
+# --------------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------------
+def tokenize_split(ds: Any, tokenizer: Any, max_length: int, has_pair: bool) -> tuple[Any, int]:
+    """Token ids for one split; texts longer than ``max_length`` are truncated and counted."""
+
+    def encode(batch: dict) -> dict:
+        texts = batch["text"]
+        pairs = batch["text_pair"] if has_pair else None
+        enc = tokenizer(texts, pairs, truncation=False, verbose=False)
+        long = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > max_length]
+        if long:
+            cut = tokenizer(
+                [texts[i] for i in long],
+                [pairs[i] for i in long] if pairs else None,
+                truncation=True,
+                max_length=max_length,
+            )
+            for j, i in enumerate(long):
+                for key in enc:
+                    enc[key][i] = cut[key][j]
+        enc["truncated"] = [i in set(long) for i in range(len(texts))]
+        return dict(enc)
+
+    keep = {"label_id"}
+    out = ds.map(encode, batched=True, remove_columns=[c for c in ds.column_names if c not in keep])
+    n_truncated = int(sum(out["truncated"]))
+    return out.remove_columns("truncated"), n_truncated
+
+
+class EpochSampler(Sampler[int]):
+    """A fresh permutation per epoch derived from (seed, epoch) only: reruns see the same order."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------------
+def evaluate(model: Any, loader: Any, accelerator: Any, plan: Any, num_labels: int) -> dict[str, Any]:
+    """Loss (over labels the model knows) and classification metrics on one split."""
+    model.eval()
+    preds, trues, loss_sum, loss_n = [], [], 0.0, 0
+    with torch.no_grad():
+        for batch in loader:
+            labels = batch.pop("labels")
+            with plan.autocast():
+                logits = model(**batch).logits
+            logits = logits.float()
+            known = labels < num_labels
+            if known.any():
+                loss_sum += float(F.cross_entropy(logits[known], labels[known], reduction="sum"))
+                loss_n += int(known.sum())
+            p, t = accelerator.gather_for_metrics((logits.argmax(-1), labels))
+            preds += p.tolist()
+            trues += t.tolist()
+    model.train()
+    totals = accelerator.reduce(torch.tensor([loss_sum, loss_n], device=accelerator.device), "sum").tolist()
+    out = classification_metrics(trues, preds)
+    out["loss"] = totals[0] / totals[1] if totals[1] else None
+    return out
+
+
+def _log_view(prefix: str, m: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}/{k}": m[k] for k in ("loss", "accuracy", "macro_f1", "mcc")}
+
+
+def _named(m: dict[str, Any], names: dict[int, str]) -> dict[str, Any]:
+    """Metrics for summary.json with per-class F1 keyed by label name."""
+    out = dict(m)
+    out["per_class_f1"] = {names.get(c, f"unseen:{c}"): v for c, v in m["per_class_f1"].items()}
+    return out
+
+
+class BestValidation:
+    """The best validation so far (macro-F1) and, with ``select_best``, a CPU copy of its weights.
+
+    Registered with Accelerate for checkpointing, so a resumed run selects from the whole run.
+    """
+
+    def __init__(self, keep_weights: bool):
+        self.keep_weights = keep_weights
+        self.step: int | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.weights: dict[str, torch.Tensor] | None = None
+        self.last_eval_step = -1
+
+    def offer(self, step: int, metrics: dict[str, Any], model: Any) -> None:
+        if self.metrics is None or metrics["macro_f1"] > self.metrics["macro_f1"]:
+            self.step, self.metrics = step, metrics
+            if self.keep_weights:
+                self.weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "metrics": self.metrics,
+            "weights": self.weights,
+            "last": self.last_eval_step,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.step, self.metrics, self.weights = d["step"], d["metrics"], d["weights"]
+        self.last_eval_step = d["last"]
+
+
+ClassifierBuilder = Callable[..., tuple[Any, dict]]
+"""``build_classifier(checkpoint, labels, init, seed) -> (model, loading record)``."""
+
+
+class FineTuner:
+    """One fine-tuning run over the shared training core. ``build_classifier`` is the seam for tests
+    that inject faults into the model."""
+
+    def __init__(self, cfg: Config, build_classifier: ClassifierBuilder = build_classifier):
+        self.cfg, self.ft = cfg, cfg.finetune
+        self.build_classifier = build_classifier
+        self.state = LoopState()
+        self.t_start = time.perf_counter()
+
+    def run(self) -> dict[str, Any]:
+        """Set up, restore, then step until done; select, test, export and finish."""
+        self.set_up()
+        self.restore()
+        self.start()
+        try:
+            with stop_on_signals(self.state):
+                while self.state.step < self.total_steps and not self.state.stop_reason:
+                    self.train_step()
+        except TrainingError as e:
+            self.finish("failed", error=str(e))
+            raise
+        return self.end()
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def set_up(self) -> None:
+        """Checkpoint and precision checks first (no data work before them), then data, model, loop."""
+        from transformers import BertConfig
+
+        ft = self.ft
+        self.ckpt = resolve_checkpoint(ft.checkpoint)
+        self.tok_ref = ft.tokenizer or self.ckpt
+        self.tokenizer = load_tokenizer(self.tok_ref)
+        # Architecture checks read config.json only, so a mismatch fails before any data work.
+        mcfg = BertConfig.from_pretrained(self.ckpt)
+        check_vocab(self.tokenizer, mcfg.vocab_size, self.ckpt, self.tok_ref)
+        if ft.max_seq_length > mcfg.max_position_embeddings:
+            raise ConfigError(
+                f"finetune.max_seq_length: {ft.max_seq_length} exceeds the checkpoint's "
+                f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
+            )
+        self.plan = resolve_plan(ft, self.cfg.hardware.allow_emulated)
+        self.load_task()
+        model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
+        self.tokenize()
+        self.accelerator = build_accelerator(self.plan, ft.output_dir)
+        self.log = RunLog(self.accelerator, self.cfg, ft)
+        self.log.write_config()
+        self.build_parts(model)
+
+    def load_task(self) -> None:
+        """The task's splits with label ids; labels unseen in train are counted (or refused)."""
+        ft = self.ft
+        self.task: TaskData = load_task(ft)
+        splits = self.task.splits
+        self.labels = build_label_space(splits["train"]["label"], self.task.stats.get("label_names"))
+        self.unseen: dict[str, dict[str, int]] = {}
+        for split in list(splits):
+            ids, unseen_here = encode_labels(splits[split]["label"], self.labels, split, ft.unseen_labels)
+            if unseen_here:
+                self.unseen[split] = unseen_here
+            splits[split] = splits[split].add_column("label_id", ids)
+        if "train" in self.unseen:
+            raise DataError(
+                f"finetune: train has labels outside its own label space ({self.unseen['train']})"
+            )
+
+    def tokenize(self) -> None:
+        self.tokenized, self.truncated = {}, {}
+        for split, ds in self.task.splits.items():
+            enc, self.truncated[split] = tokenize_split(
+                ds, self.tokenizer, self.ft.max_seq_length, self.task.has_pair
+            )
+            self.tokenized[split] = enc.rename_column("label_id", "labels")
+
+    def build_parts(self, model: Any) -> None:
+        """Loaders, optimizer, schedule and scaler prepared by Accelerate; guard and checkpointer."""
+        from transformers import DataCollatorWithPadding, set_seed
+
+        ft, acc = self.ft, self.accelerator
+        geometry = BatchGeometry.build(
+            ft.batch_size,
+            ft.batch_size // acc.num_processes,
+            acc.num_processes,
+            "finetune.batch_size",
+            "its share per process",
+        )
+        collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=8)
+        self.sampler = EpochSampler(len(self.tokenized["train"]), ft.seed)
+        # Private generators: starting a loader must not draw from the global RNG, or a resumed run's
+        # dropout stream would differ from an uninterrupted one.
+        train_loader = DataLoader(
+            self.tokenized["train"],
+            batch_size=geometry.micro_batch,
+            sampler=self.sampler,
+            collate_fn=collate,
+            drop_last=False,
+            generator=torch.Generator(),
+        )
+        eval_loaders = {
+            s: DataLoader(
+                self.tokenized[s],
+                batch_size=ft.eval_batch_size,
+                collate_fn=collate,
+                generator=torch.Generator(),
+            )
+            for s in ("validation", "test")
+            if s in self.tokenized and len(self.tokenized[s])
+        }
+        self.steps_per_epoch = math.ceil(len(self.tokenized["train"]) / ft.batch_size)
+        self.total_steps = ft.max_steps or ft.epochs * self.steps_per_epoch
+        optimizer = build_optimizer(model, ft, acc.device)
+        warmup = round(ft.warmup_ratio * self.total_steps)
+        self.scheduler = build_scheduler(optimizer, Schedule(warmup, self.total_steps, warmup_from_zero=True))
+        self.scaler = install_scaler(acc, self.plan)
+        self.model, self.optimizer, self.train_loader = acc.prepare(model, optimizer, train_loader)
+        self.eval_loaders = {s: acc.prepare(dl) for s, dl in eval_loaders.items()}
+        self.best = BestValidation(ft.select_best)
+        acc.register_for_checkpointing(self.scheduler, self.best)
+        set_seed(ft.seed + acc.process_index)  # dropout streams differ per rank
+        self.checkpointer = Checkpointer(acc, ft, self.total_steps)
+        self.guard = NumericsGuard.for_loop(ft, self.scaler, warmup_key="warmup_ratio")
+        self.batches: Any = None
+
+    # ---- restore and start -------------------------------------------------------------------------
+    def restore(self) -> None:
+        self.resumed_from = self.checkpointer.restore(self.ft.resume, self.state)
+
+    def start(self) -> None:
+        self.log.open(self.state.step if self.resumed_from else None)
+        self.log.start_bar(self.total_steps, self.state.step, "finetune")
+        self.checkpointer.start_clock(self.state)
+        self.model.train()
+
+    def next_batch(self) -> tuple[dict, bool]:
+        """The next training batch from the checkpointed data position; True when it ends an epoch."""
+        if self.batches is None:
+            self.sampler.set_epoch(self.state.epoch)
+            loader = self.train_loader
+            if self.state.batch_in_epoch:
+                loader = self.accelerator.skip_first_batches(loader, self.state.batch_in_epoch)
+            self.batches = iter(loader)
+        batch = next(self.batches)
+        ended = self.state.advance_batch(len(self.train_loader))
+        if ended:
+            self.batches = None
+        return batch, ended
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def train_step(self) -> None:
+        """Forward/backward with an fp32 loss, guard, optimizer step; then record and evaluate."""
+        s, acc = self.state, self.accelerator
+        t0 = time.perf_counter()
+        batch, epoch_ended = self.next_batch()
+        targets = batch.pop("labels")
+        with self.plan.autocast():
+            logits = self.model(**batch).logits
+        loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
+        # one reduction per step: the loss every rank judges the same way, and the stop flag
+        flag = 1.0 if s.pending_signal else 0.0
+        total_loss, stop = acc.reduce(
+            torch.stack([loss.detach(), torch.tensor(flag, device=loss.device)]), "sum"
+        ).tolist()
+        self.guard.check_loss(total_loss, s, self.save_discarding_gradients)
+        acc.backward(loss)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm, skipped = optimizer_step(
+            acc, self.optimizer, self.model.parameters(), self.ft.max_grad_norm, self.scaler
+        )
+        if stop > 0:
+            s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+        self.guard.after_step(skipped, s, self.save)
+        if not skipped:
+            self.scheduler.step()
+            s.step += 1
+            s.examples_seen += len(targets) * acc.num_processes
+            self.record_step(float(loss.detach()), lr, grad_norm, t0)
+            if self.ft.eval_every and s.step % self.ft.eval_every == 0:
+                self.validate()
+        if epoch_ended and not self.ft.eval_every and self.best.last_eval_step != s.step:
+            self.validate()
+        if self.checkpointer.due(s.step) and not skipped:
+            self.save()
+
+    def record_step(self, loss: float, lr: float, grad_norm: Any, t0: float) -> None:
+        row = {
+            "step": self.state.step,
+            "kind": "train",
+            "epoch": self.state.step / self.steps_per_epoch,
+            "loss/ce": loss,
+            "optim/lr": lr,
+            "optim/grad_norm": float(grad_norm),
+            "time/step_ms": 1000 * (time.perf_counter() - t0),
+        }
+        if self.scaler is not None:
+            row.update(
+                {
+                    "amp/loss_scale": float(self.scaler.get_scale()),
+                    "amp/skipped_steps": self.state.skipped_steps,
+                }
+            )
+        self.log.write(row)
+        self.log.progress(1, loss=f"{loss:.4f}")
+
+    def validate(self) -> None:
+        step = self.state.step
+        self.best.last_eval_step = step
+        if "validation" not in self.eval_loaders:
+            return
+        m = evaluate(
+            self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
+        )
+        self.log.write(
+            {"step": step, "kind": "eval", "epoch": step / self.steps_per_epoch, **_log_view("validation", m)}
+        )
+        self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
+
+    def save(self) -> Path:
+        return self.checkpointer.save(self.state)
+
+    def save_discarding_gradients(self) -> Path:
+        """Save the state before a step whose loss is not finite (its gradients are dropped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.save()
+
+    # ---- select, test, export, finish --------------------------------------------------------------
+    def end(self) -> dict[str, Any]:
+        """A stopped run saves and stops; a finished one validates, selects, tests and exports."""
+        self.log.close_bar()
+        if self.state.stop_reason:
+            self.save()
+            return self.finish("stopped")
+        if self.best.last_eval_step != self.state.step:
+            self.validate()
+        inner = self.accelerator.unwrap_model(self.model)
+        if self.ft.select_best and self.best.weights is not None:
+            inner.load_state_dict(self.best.weights)
+        final_val = self.best.metrics if self.ft.select_best else None
+        if final_val is None and "validation" in self.eval_loaders:
+            final_val = evaluate(
+                self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
+            )
+        test = None
+        if "test" in self.eval_loaders:
+            test = evaluate(
+                self.model, self.eval_loaders["test"], self.accelerator, self.plan, self.labels.size
+            )
+            self.log.write({"step": self.state.step, "kind": "test", **_log_view("test", test)})
+        final_dir = self.export(inner, final_val, test) if self.ft.save_model else None
+        return self.finish("completed", final_val, test, final_dir)
+
+    def export(self, inner: Any, final_val: dict | None, test: dict | None) -> Path:
+        """final/: save_pretrained + tokenizer + model card, renamed into place when complete."""
+        out = Path(self.ft.output_dir)
+        final_dir = out / "final"
+        if self.accelerator.is_main_process:
+            tmp = out / ".tmp-final"
+            shutil.rmtree(tmp, ignore_errors=True)
+            inner.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            finish_hf_folder(
+                tmp, "classification", inner.config.max_position_embeddings, self.card_facts(final_val, test)
+            )
+            shutil.rmtree(final_dir, ignore_errors=True)
+            os.replace(tmp, final_dir)
+        self.accelerator.wait_for_everyone()
+        return final_dir
+
+    def card_facts(self, final_val: dict | None, test: dict | None) -> dict[str, Any]:
+        """The model card's table for the fine-tuned export."""
+        ft, labels = self.ft, self.labels
+        return {
+            "base checkpoint": self.ckpt,
+            "task": f"{self.task.name}: {labels.size} labels ({', '.join(map(str, labels.names[:8]))})",
+            "steps": f"{self.state.step} optimizer steps of {ft.batch_size} examples, max {ft.max_seq_length} tokens",
+            "precision": self.plan.name,
+            "validation macro-F1": _fmt((final_val or {}).get("macro_f1")),
+            "test macro-F1": _fmt((test or {}).get("macro_f1")),
+        }
+
+    def finish(
+        self,
+        status: str,
+        final_val: dict | None = None,
+        test: dict | None = None,
+        final_dir: Path | None = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        s, ft, names = self.state, self.ft, self.labels.id2label()
+        inner = self.accelerator.unwrap_model(self.model)
+        train_s = self.checkpointer.elapsed()
+        summary = {
+            "status": status,
+            "resumed_from": self.resumed_from,
+            "checkpoint": self.ckpt,
+            "tokenizer": self.tok_ref,
+            "loading": {
+                "init": self.loading["init"],
+                "newly_initialized": self.loading["newly_initialized"][:50],
+                "newly_initialized_count": len(self.loading["newly_initialized"]),
+                "unused": self.loading["unused"],
+            },
+            "task": self.task_summary(),
+            "steps": s.step,
+            "epochs_started": s.epoch + (1 if s.batch_in_epoch else 0),
+            "skipped_steps": s.skipped_steps,
+            "stop_reason": s.stop_reason,
+            "train_elapsed_s": train_s,
+            "elapsed_s": time.perf_counter() - self.t_start,
+            "throughput": {"examples_per_sec": s.examples_seen / train_s if train_s > 0 else None},
+            "selected": {
+                "step": self.best.step if ft.select_best else s.step,
+                "rule": "best validation macro_f1" if ft.select_best else "last step",
+            },
+            "validation": _named(final_val, names) if final_val else None,
+            "test": _named(test, names) if test else None,
+            "precision": self.plan.describe(self.scaler),
+            "versions": library_versions(),
+            "model": {
+                "hidden_size": inner.config.hidden_size,
+                "num_hidden_layers": inner.config.num_hidden_layers,
+                "parameters": sum(p.numel() for p in inner.parameters()),
+            },
+            "final": str(final_dir) if final_dir else None,
+        }
+        if error:
+            summary["error"] = error
+        self.log.finish(summary)
+        return summary
+
+    def task_summary(self) -> dict[str, Any]:
+        task, ft = self.task, self.ft
+        return {
+            "name": task.name,
+            "labels": self.labels.names,
+            "num_labels": self.labels.size,
+            "sizes": {s: len(ds) for s, ds in self.tokenized.items()},
+            "truncated": self.truncated,
+            "max_seq_length": ft.max_seq_length,
+            "unseen_labels": self.unseen,
+            "unseen_policy": ft.unseen_labels,
+            **{k: v for k, v in task.stats.items() if k not in ("label_names", "classes")},
+        }
+
+
+def run_finetune(cfg: Config, *, build_classifier: ClassifierBuilder = build_classifier) -> dict[str, Any]:
+    """Fine-tune per ``cfg.finetune`` and return summary.json's content."""
+    return FineTuner(cfg, build_classifier).run()
+
+
+def _fmt(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def command(config_path: str | None, overrides: list[str]) -> int:
+    """CLI entry: ``bert-mp finetune [CONFIG.yaml] [key=value ...]``."""
+    cfg = load_config(config_path, overrides)
+    s = run_finetune(cfg)
+    print(
+        f"bert-mp finetune: {s['task']['name']} ({s['task']['num_labels']} labels), {s['steps']} steps, "
+        f"{s['precision']['name']}, init={s['loading']['init']}"
+    )
+    for split in ("validation", "test"):
+        m = s[split]
+        if m:
+            print(
+                f"  {split:<10} accuracy {_fmt(m['accuracy'])}  macro-F1 {_fmt(m['macro_f1'])}  MCC {_fmt(m['mcc'])}"
+                f"  ({m['examples']} examples)"
+            )
+    print(f"  -> {cfg.finetune.output_dir}")
+    return 0

@@ -1,0 +1,1 @@
+"""The pretraining model: BertForPreTraining presets, the loss wrapper, fast CPU dropout."""

@@ -1,0 +1,1 @@
+"""``bert-mp train``: pretraining BertForPreTraining."""

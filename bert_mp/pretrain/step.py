@@ -1,0 +1,83 @@
+"""One pretraining step's forward/backward and its cross-process totals, read by name.
+
+Semantics: a step is ``global_batch_size`` sequences, ``accumulation`` micro-batches per rank. The
+MLM loss of the step is divided by the masked-token count of the *whole step* (all micro-batches,
+all ranks) and the NSP loss by its sequence count, so k micro-batches give exactly the gradient of
+one k-times larger batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from bert_mp.core.callbacks import LossSums
+
+SUM_KEYS = tuple(f.name for f in fields(LossSums))
+"""The loss sums and counts ``PretrainingModel`` returns for a batch."""
+
+
+@dataclass
+class StepTotals(LossSums):
+    """A step's figures summed over its micro-batches and all ranks: ONE fused all-reduce, by name."""
+
+    tokens: float
+    """Non-padding tokens."""
+    padded_tokens: float
+    """Positions computed, padding included."""
+    attention_flops_tokens: float
+    """Sum over sequences of padded_length^2."""
+    stop_flag: float
+    """Ranks that received a stop signal: above 0 means every rank stops after this step."""
+
+    @classmethod
+    def reduce(cls, local: dict[str, torch.Tensor], accelerator: Any) -> StepTotals:
+        """All-reduce this rank's float32 scalars (one per field, any order in ``local``)."""
+        names = [f.name for f in fields(cls)]
+        missing = set(names) ^ set(local)
+        assert not missing, f"step totals and local figures differ in {sorted(missing)}"
+        summed = accelerator.reduce(torch.stack([local[n] for n in names]), reduction="sum").tolist()
+        return cls(**dict(zip(names, summed)))
+
+    @property
+    def loss(self) -> float:
+        """Total loss of the step: MLM per masked token plus NSP per sequence."""
+        return self.mlm_loss_sum / max(self.mlm_count, 1.0) + self.nsp_loss_sum / max(self.nsp_count, 1.0)
+
+    def sums(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in SUM_KEYS}
+
+
+def forward_backward(
+    model: Any, micro: list[dict], accelerator: Any, plan: Any, per_rank: int
+) -> dict[str, torch.Tensor]:
+    """Forward and backward over one rank's micro-batches; returns the rank's figures for the totals.
+
+    Gradients are synchronised across ranks on the last micro-batch only.
+    """
+    device, world = accelerator.device, accelerator.num_processes
+    # Normalisers of the whole step: masked tokens and sequences over all micro-batches and ranks.
+    local = torch.tensor(
+        [float(sum(int((b["labels"] != -100).sum()) for b in micro)), float(per_rank)], device=device
+    )
+    n_masked, n_seqs = accelerator.reduce(local, reduction="sum").tolist()
+    sums = torch.zeros(len(SUM_KEYS), device=device)
+    for i, batch in enumerate(micro):
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        sync = i == len(micro) - 1
+        with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+            with plan.autocast():
+                o = model(**batch)
+            # x world: DDP averages gradients over ranks, the normalisers are already global
+            loss = world * (o["mlm_loss_sum"] / max(n_masked, 1.0) + o["nsp_loss_sum"] / n_seqs)
+            accelerator.backward(loss)
+        sums += torch.stack([o[k].detach().float() for k in SUM_KEYS])
+    masks = [b["attention_mask"] for b in micro]
+    figures = dict(zip(SUM_KEYS, sums))
+    figures["tokens"] = sum(int(m.sum()) for m in masks)
+    figures["padded_tokens"] = sum(m.numel() for m in masks)
+    figures["attention_flops_tokens"] = sum(m.shape[0] * m.shape[1] ** 2 for m in masks)
+    return {k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in figures.items()}

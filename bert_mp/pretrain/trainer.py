@@ -1,0 +1,377 @@
+"""``bert-mp train``: pretrain ``BertForPreTraining`` with Accelerate under fp32 / tf32 / bf16 / fp16.
+
+:meth:`Trainer.run` is the loop in one screen; each part it names is a small method or a shared
+core object: the accelerator and precision plan (:mod:`bert_mp.core.accelerator`), the numerics
+guard (:mod:`bert_mp.core.guard`), the run log (:mod:`bert_mp.core.runlog`), the checkpointer, which
+knows when to save (:mod:`bert_mp.core.checkpointer`), and the step itself (:mod:`.step`).
+
+Semantics worth knowing:
+
+- A step is ``global_batch_size`` sequences: ``accumulation = global / (micro x ranks)`` micro-batches
+  per rank, losses normalised over the whole step (see :mod:`.step`).
+- Data order is a permutation seeded by ``(train.seed, epoch)``; each step takes the next
+  ``global_batch_size`` indices and every rank its slice, and the collator masks each example by
+  ``(seed, epoch, index)``. The position ``(epoch, batch_in_epoch)`` is checkpointed, so a resume
+  continues mid-epoch with the very same batches.
+- fp16: a step whose gradients overflow is skipped by the GradScaler; it advances neither the
+  scheduler nor ``step``. Too many in a row (or a non-finite loss in fp32/tf32/bf16) saves a
+  checkpoint and stops with ``TrainingError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.accelerator import build_accelerator, resolve_plan
+from bert_mp.core.callbacks import StepFacts, TrainContext, build_callbacks
+from bert_mp.core.checkpointer import Checkpointer
+from bert_mp.core.config import Config, load_config
+from bert_mp.core.export import pretraining_facts
+from bert_mp.core.guard import NumericsGuard
+from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
+from bert_mp.core.optim import build_optimizer, build_scheduler
+from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.runlog import RunLog, clean
+from bert_mp.errors import DataError, TrainingError
+from bert_mp.model.bert import PretrainingModel, build_model, check_init_from, parameter_counts
+from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
+from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
+from bert_mp.pretrain.evaluate import evaluate
+from bert_mp.pretrain.step import StepTotals, forward_backward
+
+ModelBuilder = Callable[..., Any]
+"""``build_model(model_cfg, vocab_size=, tokenizer_size=, max_seq_length=, pad_token_id=)``."""
+
+
+class Trainer:
+    """One pretraining run. ``build_model`` is the seam for tests that inject faults into the model."""
+
+    def __init__(self, cfg: Config, data: Any = None, build_model: ModelBuilder = build_model):
+        self.cfg, self.tc, self.data = cfg, cfg.train, data
+        self.build_model = build_model
+        self.state = LoopState()
+
+    def run(self) -> dict:
+        """Set up, restore, load, then step until done; evaluate, save and finish."""
+        self.set_up()
+        self.restore()
+        self.build_loader()
+        self.start()
+        try:
+            with stop_on_signals(self.state):
+                while self.state.step < self.tc.max_steps and not self.state.stop_reason:
+                    self.train_step()
+        except TrainingError as e:
+            self.finish("failed", None, error=str(e))
+            raise
+        return self.end()
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def set_up(self) -> None:
+        """Accelerator, batch geometry, data, config.yaml, then model, optimizer and scheduler."""
+        tc = self.tc
+        self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
+        self.accelerator = build_accelerator(self.plan, tc.output_dir, tc.log_with)
+        world = self.accelerator.num_processes
+        self.geometry = BatchGeometry.build(
+            tc.global_batch_size,
+            tc.micro_batch_size,
+            world,
+            "train.global_batch_size",
+            "train.micro_batch_size",
+        )
+        self.load_data()
+        self.log = RunLog(self.accelerator, self.cfg, tc, tc.log_with)
+        self.log.write_config()
+        self.build_parts()
+
+    def load_data(self) -> None:
+        if self.data is None:
+            from bert_mp.data.prepare import load_prepared, prepare
+
+            with self.accelerator.main_process_first():
+                self.data = load_prepared(prepare(self.cfg))
+        self.train_ds, self.val_ds = self.data.dataset["train"], self.data.dataset["validation"]
+        if len(self.train_ds) < self.tc.global_batch_size:
+            raise DataError(
+                f"the train split has {len(self.train_ds)} examples, fewer than train.global_batch_size="
+                f"{self.tc.global_batch_size}; prepare more data or lower the batch size"
+            )
+
+    def build_parts(self) -> None:
+        """Model (seeded), optimizer, scheduler and scaler, prepared by Accelerate."""
+        from accelerate.utils import set_seed
+
+        cfg, tc, acc, stats = self.cfg, self.tc, self.accelerator, self.data.stats
+        set_seed(tc.seed)
+        model = self.build_model(
+            cfg.model,
+            vocab_size=int(stats["model_vocab_size"]),
+            tokenizer_size=int(stats.get("tokenizer_size", len(self.data.tokenizer))),
+            max_seq_length=int(stats.get("max_seq_length", cfg.data.max_seq_length)),
+            pad_token_id=int(self.data.tokenizer.pad_token_id or 0),
+        )
+        self.dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, acc.device)
+        if self.dropout_impl == "fast":
+            install_fast_dropout(model)
+        self.inner, self.counts = model, parameter_counts(model)
+        wrapped = PretrainingModel(model, sparse_mlm_head=cfg.model.sparse_mlm_head)
+        optimizer = build_optimizer(wrapped, tc, acc.device)
+        self.scheduler = build_scheduler(optimizer, tc)
+        self.scaler = install_scaler(acc, self.plan)
+        self.model, self.optimizer = acc.prepare(wrapped, optimizer)
+        # The scheduler is stepped by hand (only after a real optimizer step, once per global batch),
+        # so it is not prepared - only registered for checkpointing.
+        acc.register_for_checkpointing(self.scheduler)
+        set_seed(tc.seed + acc.process_index)  # dropout streams differ per rank
+        self.callbacks = build_callbacks(cfg)
+        self.checkpointer = Checkpointer(acc, tc, tc.max_steps, self.callbacks)
+        self.guard = NumericsGuard.for_loop(tc, self.scaler, warmup_key="warmup_steps")
+
+    # ---- restore and load --------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Model, optimizer, scheduler, scaler, RNG, loop and callback state from ``train.resume``."""
+        self.resumed_from = self.checkpointer.restore(self.tc.resume, self.state)
+
+    def build_loader(self) -> None:
+        """Micro-batches from the checkpointed data position on, collated (and masked) by key."""
+        from bert_mp.data.masking import PretrainingCollator
+
+        tc, acc, s = self.tc, self.accelerator, self.state
+        self.collator = PretrainingCollator(
+            self.data.tokenizer, self.cfg.data, seed=tc.seed, pad_to_multiple_of=8
+        )
+        g = self.geometry
+        self.sampler = MicroBatchSampler(
+            len(self.train_ds),
+            g.global_batch,
+            g.micro_batch,
+            acc.process_index,
+            g.world,
+            tc.seed,
+            s.epoch,
+            s.batch_in_epoch,
+        )
+        loader = DataLoader(
+            IndexedSplit(self.train_ds),
+            batch_sampler=self.sampler,
+            collate_fn=self.collator,
+            num_workers=tc.num_workers,
+            # A private generator: creating a loader iterator must not draw from the global RNG, or a
+            # resumed run's dropout stream would differ from an uninterrupted one.
+            generator=torch.Generator(),
+        )
+        self.batches = iter(loader)
+
+    def start(self) -> None:
+        """Open the run log, start the callbacks, the clock and the progress bar."""
+        acc, tc = self.accelerator, self.tc
+        self.log.open(self.state.step if self.resumed_from else None, rerun_eval_step=tc.max_steps)
+        self.ctx = TrainContext(
+            cfg=self.cfg,
+            device=acc.device,
+            precision=self.plan.describe(self.scaler),
+            param_counts=self.counts,
+            hidden_size=self.inner.config.hidden_size,
+            num_layers=self.inner.config.num_hidden_layers,
+            vocab_size=self.inner.config.vocab_size,
+            num_processes=acc.num_processes,
+            is_main_process=acc.is_main_process,
+            scaler=self.scaler,
+        )
+        for cb in self.callbacks:
+            cb.on_train_start(self.state, self.ctx)
+        self.summary = self.initial_summary()
+        self.checkpointer.start_clock(self.state)
+        self.log.start_bar(tc.max_steps, self.state.step, f"train {self.plan.name}")
+        self.model.train()
+        self.t_prev = time.perf_counter()
+
+    def initial_summary(self) -> dict:
+        g, inner = self.geometry, self.inner
+        return {
+            "status": "running",
+            "resumed_from": self.resumed_from,
+            "precision": self.ctx.precision,
+            "versions": library_versions(),
+            "model": {
+                "preset": self.cfg.model.preset,
+                "config": inner.config.to_diff_dict(),
+                "parameters": self.counts,
+                "dropout_impl": self.dropout_impl,
+                "attn_implementation": inner.config._attn_implementation,
+            },
+            "batch": {
+                "global": g.global_batch,
+                "micro": g.micro_batch,
+                "processes": g.world,
+                "accumulation": g.accumulation,
+            },
+            "data": {
+                "path": str(getattr(self.data, "path", "")),
+                "train_examples": len(self.train_ds),
+                "validation_examples": len(self.val_ds),
+            },
+        }
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def train_step(self) -> None:
+        """Forward/backward, guard, optimizer step; then record, evaluate and save when due."""
+        s = self.state
+        wait = time.perf_counter()
+        micro = [next(self.batches) for _ in range(self.geometry.accumulation)]
+        wait = time.perf_counter() - wait
+        local = forward_backward(self.model, micro, self.accelerator, self.plan, self.geometry.per_rank)
+        local["stop_flag"] = torch.tensor(1.0 if s.pending_signal else 0.0, device=self.accelerator.device)
+        totals = StepTotals.reduce(local, self.accelerator)
+        self.guard.check_loss(totals.loss, s, self.save_discarding_gradients)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm, skipped = optimizer_step(
+            self.accelerator, self.optimizer, self.model.parameters(), self.tc.max_grad_norm, self.scaler
+        )
+        s.advance_batch(self.sampler.batches_per_epoch)
+        if totals.stop_flag > 0:  # decided from the all-reduced flag, so every rank stops at this step
+            s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+        self.guard.after_step(skipped, s, self.save)
+        if skipped:
+            return
+        self.scheduler.step()
+        s.step += 1
+        s.tokens_seen += int(totals.tokens)
+        self.record_step(totals, lr, grad_norm, wait)
+        if self.tc.eval_every and s.step % self.tc.eval_every == 0 and s.step < self.tc.max_steps:
+            self.evaluate()
+            self.t_prev = time.perf_counter()  # evaluation time is not step time
+        if self.checkpointer.due(s.step):
+            self.save()
+            self.t_prev = time.perf_counter()  # checkpoint time is not step time
+
+    def record_step(self, totals: StepTotals, lr: float, grad_norm: Any, wait: float) -> None:
+        """Hand the step's facts to the callbacks, then write what they logged."""
+        s, tc = self.state, self.tc
+        now = time.perf_counter()
+        s.facts = StepFacts(
+            **totals.sums(),
+            tokens=int(totals.tokens),
+            padded_tokens=int(totals.padded_tokens),
+            attention_flops_tokens=totals.attention_flops_tokens,
+            sequences=int(totals.nsp_count),
+            lr=lr,
+            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+            step_time_s=now - self.t_prev,
+            data_wait_s=wait,
+        )
+        self.t_prev = now
+        logs: dict = {"step": s.step, "kind": "train"}
+        for cb in self.callbacks:
+            cb.on_step_end(s, logs)
+        self.log.write(logs)
+        if s.step % tc.log_every == 0 or s.step == tc.max_steps:
+            self.log.track(logs, s.step)
+            postfix = {
+                "loss": f"{logs.get('loss/total', totals.loss):.3f}",
+                "mlm_acc": f"{logs.get('accuracy/mlm', 0.0):.3f}",
+                "tok_s": f"{logs.get('throughput/tokens_per_sec', 0.0):.0f}",
+            }
+            self.log.progress(1, **postfix)
+        else:
+            self.log.progress(1)
+
+    # ---- evaluate, save, finish --------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        acc = self.accelerator
+        logs = {
+            "step": self.state.step,
+            "kind": "eval",
+            **evaluate(self.model, self.val_ds, self.collator, self.cfg, acc, self.plan),
+        }
+        for cb in self.callbacks:
+            cb.on_eval_end(self.state, logs)
+        self.log.write(logs)
+        self.log.track(logs, self.state.step)
+        return logs
+
+    def save(self) -> Path:
+        return self.checkpointer.save(self.state)
+
+    def save_discarding_gradients(self) -> Path:
+        """Save the state before a step whose loss is not finite (its gradients are dropped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.save()
+
+    def end(self) -> dict:
+        """After the loop: a stopped run saves and stops; a finished one evaluates, saves, exports."""
+        self.log.close_bar()
+        if self.state.stop_reason:
+            self.save()
+            return self.finish("stopped", None)
+        final_eval = self.evaluate()
+        self.save()
+        if self.tc.export:
+            out = Path(self.tc.output_dir) / "final"
+            facts = pretraining_facts(
+                self.cfg, self.state.step, self.plan.name, final_eval, self.summary["data"]
+            )
+            ckpt.export_pretrained(self.accelerator, self.model, self.data.tokenizer, out, facts)
+            self.summary["export"] = str(out)
+        return self.finish("completed", clean(final_eval))
+
+    def finish(self, status: str, final_eval: dict | None, error: str | None = None) -> dict:
+        """summary.json: the run's outcome plus what every callback adds."""
+        s, summary = self.state, self.summary
+        summary.update(
+            status=status, steps=s.step, elapsed_s=self.checkpointer.elapsed(), final_eval=final_eval
+        )
+        summary.update(stop_reason=s.stop_reason, skipped_steps=s.skipped_steps, tokens_seen=s.tokens_seen)
+        if error:
+            summary["error"] = error
+        for cb in self.callbacks:
+            cb.on_train_end(s, summary)
+        self.log.finish(summary)
+        return summary
+
+
+def train(cfg: Config, data: Any = None, *, build_model: ModelBuilder = build_model) -> dict:
+    """Run ``bert-mp train`` for a loaded config; returns summary.json's content.
+
+    ``data`` is a ``prepare.PreparedData``; None prepares (or reuses the cached) data from ``cfg``.
+    """
+    return Trainer(cfg, data, build_model=build_model).run()
+
+
+STOP_EXIT_CODES = {"signal SIGINT": 130, "signal SIGTERM": 143}
+"""Exit codes of a run stopped by a signal (128 + signal number, as a shell reports it)."""
+STOPPED_EXIT_CODE = 3
+"""Exit code of a run stopped early for another reason (e.g. ``train.parity_action=stop``)."""
+
+
+def exit_code(summary: dict) -> int:
+    """0 only for a completed run: ``bert-mp train && next-step`` must not go on with an unfinished model."""
+    if summary["status"] == "completed":
+        return 0
+    return STOP_EXIT_CODES.get(summary.get("stop_reason") or "", STOPPED_EXIT_CODE)
+
+
+def command(config_path: str | None, overrides: list[str]) -> int:
+    """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]``."""
+    cfg = load_config(config_path, overrides)
+    check_init_from(cfg.model)  # before any data work
+    if cfg.train.resume:
+        ckpt.resolve_resume(cfg.train.resume, Path(cfg.train.output_dir) / "checkpoints")
+    summary = train(cfg)
+    ev = summary["final_eval"]
+    if ev:
+        result = f"final eval MLM loss {ev['eval/loss_mlm']:.4f}, MLM accuracy {ev['eval/accuracy_mlm']:.3f}"
+    else:
+        result = f"{summary['stop_reason']}; checkpoint saved"
+    print(
+        f"bert-mp train: {summary['status']} after {summary['steps']} steps ({result}) -> {cfg.train.output_dir}"
+    )
+    return exit_code(summary)

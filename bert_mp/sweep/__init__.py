@@ -1,0 +1,1 @@
+"""``bert-mp sweep`` and ``bert-mp report``: precision sweeps, parity verdicts, reports."""

@@ -1,0 +1,391 @@
+"""Loss parity between a precision and the fp32 reference, and the pass / warn / fail verdict.
+
+Everything here except ``ParityCallback`` is a pure function of loss curves, so the verdict rules can
+be tested with synthetic curves. Tolerances are not absolute numbers: they are multiples of the
+natural seed-to-seed spread of fp32 (the same recipe trained with a second seed), because a
+precision that moves the loss less than a different seed does is as good as fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bert_mp.core.io import read_jsonl
+from bert_mp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TRAIN_KEYS = ("loss/mlm", "loss/nsp")
+"""Per-step losses compared (smoothed) against the reference."""
+EVAL_LOSS_KEYS = ("eval/loss_mlm", "eval/loss_nsp")
+"""Per-evaluation losses compared against the reference."""
+EVAL_ACC_KEYS = ("eval/accuracy_mlm", "eval/accuracy_nsp")
+"""Final evaluation accuracies, reported as absolute deltas (not part of the verdict)."""
+VERDICT_CHECKS = (
+    ("train", "loss/mlm"),
+    ("train", "loss/nsp"),
+    ("eval", "eval/loss_mlm"),
+    ("eval", "eval/loss_nsp"),
+)
+"""The deviations that decide the verdict, each compared against its own seed spread."""
+VERDICTS = ("pass", "warn", "fail")
+
+
+@dataclass
+class Curves:
+    """The metrics of one run: per key, the (step, value) pairs of train and eval lines."""
+
+    train: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    eval: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def series(self, kind: str, key: str) -> list[tuple[int, float]]:
+        return (self.train if kind == "train" else self.eval).get(key, [])
+
+
+def _as_float(v: Any) -> float:
+    # A null loss means the loop could not produce a number; treat it like NaN rather than skip it.
+    return float("nan") if v is None else float(v)
+
+
+def curves_from_rows(rows: Sequence[dict]) -> Curves:
+    """Group metrics.jsonl rows by kind and key. A step logged twice (after a resume) keeps the last."""
+    by_kind: dict[str, dict[str, dict[int, float]]] = {"train": {}, "eval": {}}
+    for row in rows:
+        kind = row.get("kind")
+        if kind not in by_kind or "step" not in row:
+            continue
+        keys = TRAIN_KEYS + ("loss/total",) if kind == "train" else EVAL_LOSS_KEYS + EVAL_ACC_KEYS
+        for key in keys:
+            if key in row:
+                by_kind[kind].setdefault(key, {})[int(row["step"])] = _as_float(row[key])
+    return Curves(
+        train={k: sorted(v.items()) for k, v in by_kind["train"].items()},
+        eval={k: sorted(v.items()) for k, v in by_kind["eval"].items()},
+    )
+
+
+def load_curves(run_dir: str | Path) -> Curves:
+    """Read ``<run_dir>/metrics.jsonl`` (or a metrics.jsonl path) into curves."""
+    p = Path(run_dir)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    if not p.is_file():
+        raise ConfigError(f"no metrics.jsonl at {p}: not a bert_mp run folder")
+    return curves_from_rows(list(read_jsonl(p)))
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` points (fewer at the start); a NaN stays visible in its window."""
+    out: list[float] = []
+    buf: deque[float] = deque(maxlen=window)
+    for v in values:
+        buf.append(v)
+        out.append(sum(buf) / len(buf))
+    return out
+
+
+@dataclass
+class Deviation:
+    """Run minus reference on the steps both logged: absolute and relative (to the reference)."""
+
+    steps: list[int]
+    run: list[float]
+    ref: list[float]
+    abs: list[float]
+    rel: list[float]
+
+    def summary(self) -> dict[str, float | None]:
+        """Mean, max and final |relative deviation|, plus final absolute deviation."""
+        if not self.steps:
+            return {"mean_rel": None, "max_rel": None, "final_rel": None, "final_abs": None, "points": 0}
+        rel = [abs(r) for r in self.rel]
+        return {
+            "mean_rel": sum(rel) / len(rel),
+            "max_rel": max(rel),
+            "final_rel": rel[-1],
+            "final_abs": self.abs[-1],
+            "points": len(rel),
+        }
+
+
+def deviation(
+    run: Sequence[tuple[int, float]], ref: Sequence[tuple[int, float]], window: int = 1
+) -> Deviation:
+    """Smooth both series over ``window`` steps, then compare them on their common steps."""
+    run_s = dict(zip([s for s, _ in run], moving_average([v for _, v in run], window)))
+    ref_s = dict(zip([s for s, _ in ref], moving_average([v for _, v in ref], window)))
+    steps = sorted(set(run_s) & set(ref_s))
+    a = [run_s[s] for s in steps]
+    b = [ref_s[s] for s in steps]
+    d_abs = [x - y for x, y in zip(a, b)]
+    d_rel = [d / abs(y) if y != 0 else math.inf for d, y in zip(d_abs, b)]
+    return Deviation(steps=steps, run=a, ref=b, abs=d_abs, rel=d_rel)
+
+
+def first_nonfinite(curves: Curves) -> tuple[str, int] | None:
+    """The first (key, step) whose loss is NaN or inf, or None when every logged loss is finite."""
+    hits = []
+    for kind in ("train", "eval"):
+        src = curves.train if kind == "train" else curves.eval
+        for key, pts in src.items():
+            if not key.startswith(("loss/", "eval/loss")):
+                continue
+            for step, v in pts:
+                if not math.isfinite(v):
+                    hits.append((step, key))
+                    break
+    if not hits:
+        return None
+    step, key = min(hits)
+    return key, step
+
+
+def compare(run: Curves, ref: Curves, window: int) -> dict[str, dict[str, Any]]:
+    """Deviation summaries of every compared metric: smoothed per-step losses and per-eval losses.
+
+    Keys are ``"train:loss/mlm"`` etc. Final-eval accuracies are reported as ``abs_delta``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key in TRAIN_KEYS:
+        out[f"train:{key}"] = deviation(run.series("train", key), ref.series("train", key), window).summary()
+    for key in EVAL_LOSS_KEYS:
+        out[f"eval:{key}"] = deviation(run.series("eval", key), ref.series("eval", key), 1).summary()
+    for key in EVAL_ACC_KEYS:
+        a, b = run.series("eval", key), ref.series("eval", key)
+        out[f"eval:{key}"] = {"abs_delta": (a[-1][1] - b[-1][1]) if a and b else None}
+    return out
+
+
+@dataclass
+class VerdictRules:
+    """Tolerances as multiples of the fp32 seed-to-seed spread, plus the hard-failure threshold."""
+
+    window: int = 20
+    warn_multiplier: float = 2.0
+    fail_multiplier: float = 5.0
+    min_spread: float = 0.005
+    divergence_rel: float = 0.5
+
+    @classmethod
+    def from_sweep(cls, sweep_cfg: Any) -> VerdictRules:
+        return cls(
+            window=sweep_cfg.parity_window,
+            warn_multiplier=sweep_cfg.warn_multiplier,
+            fail_multiplier=sweep_cfg.fail_multiplier,
+            min_spread=sweep_cfg.min_spread,
+            divergence_rel=sweep_cfg.divergence_rel,
+        )
+
+
+def _metric_value(kind: str, summary: dict[str, Any]) -> float | None:
+    # Per-step curves: the mean over training (a single noisy step should not decide);
+    # evaluations: the final one (what the user will fine-tune from).
+    return summary.get("mean_rel") if kind == "train" else summary.get("final_rel")
+
+
+@dataclass
+class Verdict:
+    """The outcome for one precision: status, why, and each check's deviation / tolerance ratio."""
+
+    status: str
+    reasons: list[str]
+    checks: dict[str, dict[str, Any]]
+    comparison: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def verdict(
+    run: Curves,
+    ref: Curves,
+    spread: Curves | None,
+    rules: VerdictRules,
+    run_status: str = "completed",
+) -> Verdict:
+    """Pass / warn / fail for ``run`` against the fp32 ``ref``; ``spread`` is fp32 with another seed.
+
+    - fail outright: the run did not complete, logged a NaN/inf loss, or its smoothed MLM loss left
+      the reference by more than ``divergence_rel`` at any step (divergence);
+    - otherwise each check (mean smoothed train MLM / NSP loss deviation, final eval MLM / NSP loss
+      deviation) is divided by its tolerance ``max(seed spread, min_spread)``: every ratio
+      <= warn_multiplier passes, any ratio > fail_multiplier fails, anything between warns.
+    """
+    reasons: list[str] = []
+    comparison = compare(run, ref, rules.window)
+    spread_cmp = compare(spread, ref, rules.window) if spread is not None else None
+    hard_fail = False
+    if run_status != "completed":
+        hard_fail = True
+        reasons.append(f"run status is {run_status!r}, not 'completed'")
+    bad = first_nonfinite(run)
+    if bad is not None:
+        hard_fail = True
+        reasons.append(f"non-finite {bad[0]} at step {bad[1]}")
+    mlm = deviation(run.series("train", "loss/mlm"), ref.series("train", "loss/mlm"), rules.window)
+    finite_rel = [(s, abs(r)) for s, r in zip(mlm.steps, mlm.rel) if math.isfinite(r)]
+    over = [(s, r) for s, r in finite_rel if r > rules.divergence_rel]
+    if over:
+        hard_fail = True
+        s, r = over[0]
+        reasons.append(
+            f"diverged: smoothed MLM loss {r:.0%} away from fp32 at step {s} (limit {rules.divergence_rel:.0%})"
+        )
+    if not mlm.steps:
+        hard_fail = True
+        reasons.append("no training steps in common with the fp32 reference")
+
+    checks: dict[str, dict[str, Any]] = {}
+    worst = "pass"
+    for kind, key in VERDICT_CHECKS:
+        name = f"{kind}:{key}"
+        seed = _metric_value(kind, spread_cmp[name]) if spread_cmp is not None else None
+        checks[name] = _check(name, _metric_value(kind, comparison[name]), seed, rules, reasons)
+        if VERDICTS.index(checks[name]["status"]) > VERDICTS.index(worst):
+            worst = checks[name]["status"]
+    if spread is None:
+        reasons.append(f"no second fp32 seed: tolerances use the floor min_spread={rules.min_spread:g}")
+    return Verdict(
+        status="fail" if hard_fail else worst, reasons=reasons, checks=checks, comparison=comparison
+    )
+
+
+def _check(
+    name: str, value: float | None, seed: float | None, rules: VerdictRules, reasons: list[str]
+) -> dict:
+    """One check: its deviation over the tolerance ``max(seed spread, min_spread)``, and a reason
+    appended when it does not pass."""
+    if value is None:
+        return {"value": None, "seed_spread": seed, "tolerance": None, "ratio": None, "status": "n/a"}
+    tol = max(seed if seed is not None and math.isfinite(seed) else 0.0, rules.min_spread)
+    ratio = value / tol if math.isfinite(value) else math.inf
+    status = (
+        "pass" if ratio <= rules.warn_multiplier else ("warn" if ratio <= rules.fail_multiplier else "fail")
+    )
+    if status != "pass" and math.isfinite(value):
+        reasons.append(
+            f"{name} deviates {value:.2%} = {ratio:.1f}x the tolerance {tol:.2%} "
+            f"(warn > {rules.warn_multiplier:g}x, fail > {rules.fail_multiplier:g}x)"
+        )
+    return {"value": value, "seed_spread": seed, "tolerance": tol, "ratio": ratio, "status": status}
+
+
+class ParityCallback:
+    """Live parity against a reference ``metrics.jsonl`` (``train.parity_reference``) in any run.
+
+    At every step it logs ``parity/mlm_abs_dev`` and ``parity/mlm_rel_dev`` (smoothed over
+    ``sweep.parity_window`` steps, relative to the reference at the same step); when the relative
+    deviation exceeds ``train.parity_tolerance`` it warns once per excursion, or with
+    ``train.parity_action=stop`` asks the loop to save and stop. The end summary gets a ``parity`` block.
+    """
+
+    def __init__(self, cfg: Any):
+        tcfg = cfg.train
+        if not tcfg.parity_reference:
+            raise ConfigError(
+                "the parity callback needs train.parity_reference=<reference metrics.jsonl or run folder>"
+            )
+        self.reference_path = str(tcfg.parity_reference)
+        self.tolerance = float(tcfg.parity_tolerance)
+        self.action = tcfg.parity_action
+        self.window = int(getattr(getattr(cfg, "sweep", None), "parity_window", 20))
+        self._ref_mlm: dict[int, float] = {}
+        self._ref_eval: dict[int, float] = {}
+        self._run_buf: deque[float] = deque(maxlen=self.window)
+        self._ref_buf: deque[float] = deque(maxlen=self.window)
+        self._outside = False
+        self._max_rel = 0.0
+        self._steps_outside = 0
+        self._first_outside: int | None = None
+        self._compared = 0
+        self._eval_dev: list[dict[str, float]] = []
+
+    def on_train_start(self, state: Any, ctx: Any = None) -> None:
+        ref = load_curves(self.reference_path)
+        self._ref_mlm = dict(ref.series("train", "loss/mlm"))
+        self._ref_eval = dict(ref.series("eval", "eval/loss_mlm"))
+        if not self._ref_mlm:
+            raise ConfigError(
+                f"train.parity_reference {self.reference_path}: no train loss/mlm lines to compare to"
+            )
+
+    def on_step_end(self, state: Any, logs: dict) -> None:
+        step = int(logs.get("step", getattr(state, "step", -1)))
+        value = logs.get("loss/mlm")
+        if value is None or step not in self._ref_mlm:
+            return
+        self._run_buf.append(float(value))
+        self._ref_buf.append(self._ref_mlm[step])
+        run_s = sum(self._run_buf) / len(self._run_buf)
+        ref_s = sum(self._ref_buf) / len(self._ref_buf)
+        d_abs = run_s - ref_s
+        d_rel = abs(d_abs) / abs(ref_s) if ref_s != 0 else math.inf
+        if not math.isfinite(run_s):
+            d_rel = math.inf
+        logs["parity/mlm_abs_dev"] = d_abs
+        logs["parity/mlm_rel_dev"] = d_rel
+        self._compared += 1
+        self._max_rel = max(self._max_rel, d_rel)
+        if d_rel > self.tolerance:
+            self._steps_outside += 1
+            if self._first_outside is None:
+                self._first_outside = step
+            if not self._outside:
+                log.warning(
+                    "parity: step %d smoothed MLM loss %.4g is %.1f%% from the reference %.4g (tolerance %.1f%%)",
+                    step,
+                    run_s,
+                    100 * d_rel,
+                    ref_s,
+                    100 * self.tolerance,
+                )
+            self._outside = True
+            if self.action == "stop":
+                state.stop_reason = (
+                    f"parity: smoothed MLM loss {d_rel:.1%} from the reference at step {step} "
+                    f"(tolerance {self.tolerance:.1%})"
+                )
+        else:
+            self._outside = False
+
+    def on_eval_end(self, state: Any, logs: dict) -> None:
+        step = int(logs.get("step", getattr(state, "step", -1)))
+        value = logs.get("eval/loss_mlm")
+        ref = self._ref_eval.get(step)
+        if value is None or ref is None or ref == 0:
+            return
+        rel = (float(value) - ref) / abs(ref)
+        logs["parity/eval_mlm_rel_dev"] = rel
+        self._eval_dev.append({"step": step, "rel_dev": rel})
+
+    _STATE = ("_outside", "_max_rel", "_steps_outside", "_first_outside", "_compared", "_eval_dev")
+
+    def state_dict(self) -> dict:
+        """The smoothing windows and the excursion record, so a resumed run judges the whole run."""
+        d = {k.lstrip("_"): getattr(self, k) for k in self._STATE}
+        return {**d, "run_buf": list(self._run_buf), "ref_buf": list(self._ref_buf)}
+
+    def load_state_dict(self, d: dict) -> None:
+        for k in self._STATE:
+            setattr(self, k, d[k.lstrip("_")])
+        self._run_buf.extend(d["run_buf"])
+        self._ref_buf.extend(d["ref_buf"])
+
+    def on_train_end(self, state: Any, summary: dict) -> None:
+        summary["parity"] = {
+            "reference": self.reference_path,
+            "tolerance": self.tolerance,
+            "action": self.action,
+            "window": self.window,
+            "steps_compared": self._compared,
+            "max_mlm_rel_dev": self._max_rel if self._compared else None,
+            "steps_outside_tolerance": self._steps_outside,
+            "first_step_outside": self._first_outside,
+            "eval": self._eval_dev,
+        }

@@ -1,0 +1,172 @@
+"""The files ``bert-mp sweep`` writes and ``bert-mp report`` reads, as typed records.
+
+``sweep.json`` is a :class:`SweepRecord`; each run folder's ``summary.json`` is read as a
+:class:`RunSummary`. Reading is strict: a missing or unknown field is an error that names the file
+and the field, never a silent default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bert_mp.core.io import atomic_write_json
+from bert_mp.errors import ConfigError
+
+MANIFEST = "sweep.json"
+BASE_CONFIG = "base_config.yaml"
+SUMMARY = "summary.json"
+FINAL_STATUSES = ("completed", "failed")
+"""A run whose summary.json has one of these is a result and is not repeated on a re-run."""
+
+
+def strict_record(cls: type, d: Any, where: str, require_all: bool = False) -> Any:
+    """``cls(**d)`` with every required field (``require_all``: every field) present and no unknown
+    one; errors name the field."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected an object, got {type(d).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(d) - set(known))
+    missing = [
+        n
+        for n, f in known.items()
+        if n not in d and (require_all or (f.default is MISSING and f.default_factory is MISSING))
+    ]
+    if unknown or missing:
+        what = "; ".join(
+            part
+            for part in (
+                f"missing field(s) {', '.join(missing)}" if missing else "",
+                f"unknown field(s) {', '.join(unknown)}" if unknown else "",
+            )
+            if part
+        )
+        raise ConfigError(f"{where}: {what} (written by another bert_mp version?)")
+    return cls(**d)
+
+
+@dataclass
+class RunEntry:
+    """One training process of a sweep, as planned and as it went."""
+
+    name: str
+    group: str
+    precision: str
+    role: str
+    """reference (fp32, the group's seed) | seed_spread (fp32, another seed) | candidate."""
+    seed: int
+    overrides: list[str]
+    dir: str
+    """Relative to the sweep folder."""
+    status: str = "pending"
+    reason: str | None = None
+    returncode: int | None = None
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    resumed: bool = False
+
+
+@dataclass
+class GroupEntry:
+    """Runs that share every axis but precision."""
+
+    name: str
+    axes: dict[str, Any]
+
+
+@dataclass
+class HostInfo:
+    description: str
+    python: str
+
+
+@dataclass
+class SweepRecord:
+    """``sweep.json``: the plan, the resolved config and how each run went."""
+
+    created: str
+    sweep_file: str | None
+    base: str | None
+    launcher: str
+    host: HostInfo
+    config: dict[str, Any]
+    """The resolved config tree (``config_to_dict``)."""
+    groups: list[GroupEntry]
+    runs: list[RunEntry]
+    dimension_flags: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = MANIFEST) -> SweepRecord:
+        rec = strict_record(cls, d, where)
+        rec.host = strict_record(HostInfo, d["host"], f"{where}: host")
+        rec.groups = [
+            strict_record(GroupEntry, g, f"{where}: groups[{i}]") for i, g in enumerate(d["groups"])
+        ]
+        rec.runs = [strict_record(RunEntry, r, f"{where}: runs[{i}]") for i, r in enumerate(d["runs"])]
+        return rec
+
+    def write(self, root: Path) -> None:
+        atomic_write_json(Path(root) / MANIFEST, self.to_dict())
+
+    @classmethod
+    def load(cls, root: str | Path) -> SweepRecord:
+        path = Path(root) / MANIFEST
+        if not path.is_file():
+            raise ConfigError(
+                f"{root} is not a sweep folder: {MANIFEST} is missing (run `bert-mp sweep` first)"
+            )
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+
+
+@dataclass
+class RunSummary:
+    """A training run's ``summary.json`` as the report reads it.
+
+    The blocks a callback writes (``throughput``, ``memory``, ``amp``, ``parity``) are None when that
+    callback was not enabled; every other field is always written by the training loop.
+    """
+
+    status: str
+    steps: int
+    precision: dict[str, Any]
+    versions: dict[str, str]
+    final_eval: dict[str, Any] | None
+    stop_reason: str | None = None
+    error: str | None = None
+    throughput: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    amp: dict[str, Any] | None = None
+    parity: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The whole file, for the fields the report passes through unread."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> RunSummary:
+        names = {f.name for f in fields(cls)} - {"raw"}
+        required = ("status", "steps", "precision", "versions", "final_eval")
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ConfigError(f"{where}: missing field(s) {', '.join(missing)} (not a bert-mp train summary)")
+        return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunSummary | None:
+        """The run's summary, or None when it wrote none (killed early, never started)."""
+        path = Path(run_dir) / SUMMARY
+        if not path.is_file():
+            return None
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+
+
+def read_status(run_dir: Path) -> str | None:
+    """Only the ``status`` of a run folder's summary.json (None when there is none or it is torn)."""
+    path = Path(run_dir) / SUMMARY
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["status"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
