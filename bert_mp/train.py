@@ -36,12 +36,26 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bert_mp import checkpoint as ckpt
-from bert_mp.callbacks import StepFacts, TrainContext, build_callbacks, finite_or_none
+from bert_mp.callbacks import StepFacts, TrainContext, attention_flops_tokens, build_callbacks, finite_or_none
 from bert_mp.config import Config, config_to_dict, load_config, save_config
+from bert_mp.cuda import loader_kwargs
+from bert_mp.distributed import (
+    accelerate_mixed_precision,
+    backward_kwargs,
+    configure_deepspeed,
+    configure_fsdp,
+    set_micro_batch_boundary,
+)
 from bert_mp.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.io import JsonlWriter, atomic_write_json, read_jsonl
-from bert_mp.model import PretrainingModel, build_model, parameter_counts
+from bert_mp.model import (
+    PretrainingModel,
+    build_model,
+    compile_model,
+    drop_full_attention_mask,
+    parameter_counts,
+)
 from bert_mp.optim import build_optimizer, build_scheduler
 from bert_mp.precision import install_scaler, library_versions, optimizer_step, resolve_precision
 
@@ -210,14 +224,15 @@ def _make_accelerator(cfg: Config) -> tuple[Any, Any]:
     # Without CUDA, say so explicitly: Accelerate then sets up gloo when launched with several
     # processes instead of silently running each of them as a world of one.
     cpu = not torch.cuda.is_available()
-    device = PartialState(cpu=cpu).device
+    state = PartialState(cpu=cpu)
+    device = state.device
     plan = resolve_precision(
         cfg.train.precision, device, cfg.train.fp16_init_scale, cfg.train.fp16_growth_interval
     )
     out = Path(cfg.train.output_dir)
     accelerator = Accelerator(
         cpu=cpu,
-        mixed_precision=plan.accelerate_mixed_precision,
+        mixed_precision=accelerate_mixed_precision(plan, str(state.distributed_type)),
         log_with=list(cfg.train.log_with) or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "trackers")),
         kwargs_handlers=plan.accelerate_kwargs_handlers(),
@@ -301,10 +316,15 @@ def train(cfg: Config, data: Any = None) -> dict:
     if dropout_impl == "fast":
         install_fast_dropout(model)
     counts = parameter_counts(model)
-    wrapped = PretrainingModel(model, sparse_mlm_head=cfg.model.sparse_mlm_head)
+    wrapped = PretrainingModel(
+        model, cfg.model.sparse_mlm_head, max_predictions_per_seq=cfg.data.max_predictions_per_seq
+    )
+    wrapped = compile_model(wrapped, tc.compile)
     optimizer = build_optimizer(wrapped, tc, accelerator.device)
     scheduler = build_scheduler(optimizer, tc)
     scaler = install_scaler(accelerator, plan)
+    configure_deepspeed(accelerator, cfg, accumulation)  # explicit batch sizes, fp32 weights + autocast
+    configure_fsdp(accelerator)  # fp32 sharded parameters and reductions, autocast for 16-bit math
     wrapped, optimizer = accelerator.prepare(wrapped, optimizer)
     # The scheduler is stepped by hand (only after a real optimizer step, once per global batch),
     # so it is not prepared - only registered for checkpointing.
@@ -338,7 +358,7 @@ def train(cfg: Config, data: Any = None) -> dict:
         _Indexed(train_ds),
         batch_sampler=sampler,
         collate_fn=collator,
-        num_workers=tc.num_workers,
+        **loader_kwargs(tc.num_workers, tc.pin_memory, accelerator.device),
         # A private generator: creating a loader iterator must not draw from the global RNG, or a
         # resumed run's dropout stream would differ from an uninterrupted one.
         generator=torch.Generator(),
@@ -466,18 +486,20 @@ def train(cfg: Config, data: Any = None) -> dict:
                 n_masked, n_seqs = accelerator.reduce(local, reduction="sum").tolist()
                 sums = torch.zeros(len(_SUM_KEYS), device=accelerator.device)
                 for i, batch in enumerate(micro):
+                    batch = drop_full_attention_mask(batch)
                     batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
                     sync = i == accumulation - 1
+                    set_micro_batch_boundary(accelerator, sync)
                     with contextlib.nullcontext() if sync else accelerator.no_sync(wrapped):
                         with plan.autocast():
                             o = wrapped(**batch)
                         # x world: DDP averages gradients over ranks, the normalisers are already global
                         loss = world * (o["mlm_loss_sum"] / max(n_masked, 1.0) + o["nsp_loss_sum"] / n_seqs)
-                        accelerator.backward(loss)
+                        accelerator.backward(loss, **backward_kwargs(accelerator))
                     sums += torch.stack([o[k].detach().float() for k in _SUM_KEYS])
                 tokens = sum(int(b["attention_mask"].sum()) for b in micro)
                 padded = sum(b["attention_mask"].numel() for b in micro)
-                attn = sum(b["attention_mask"].shape[0] * b["attention_mask"].shape[1] ** 2 for b in micro)
+                attn = sum(attention_flops_tokens(b["attention_mask"]) for b in micro)
                 extra = torch.tensor(
                     [tokens, padded, attn, 1.0 if state.pending_signal else 0.0], device=accelerator.device
                 )
