@@ -378,9 +378,16 @@ def model_dimensions(bert_cfg: Any, micro_batch_size: int, max_seq_length: int) 
 
 
 def synthetic_batch(
-    vocab_size: int, batch: int, seq: int, device: torch.device, seed: int = 0, padded: bool = True
+    vocab_size: int,
+    batch: int,
+    seq: int,
+    device: torch.device,
+    seed: int = 0,
+    padded: bool = True,
+    max_predictions: int = 20,
 ) -> dict[str, torch.Tensor]:
-    """A pretraining batch shaped like the collator's: 15% of real positions labelled.
+    """A pretraining batch shaped like the collator's: 15% of real positions labelled (at most
+    ``max_predictions`` per row).
 
     ``padded`` (default) gives rows of different lengths padded to ``seq`` (the first row full, a
     tenth short as with BERT's ``short_seq_prob``, the rest between half and full length), so the
@@ -401,6 +408,7 @@ def synthetic_batch(
     labels = torch.full((batch, seq), -100)
     chosen = (torch.rand((batch, seq), generator=g) < 0.15) & mask.bool()
     chosen[:, 1] = True
+    chosen &= chosen.cumsum(dim=1) <= max_predictions  # at most max_predictions per row, like the masking
     labels[chosen] = ids[chosen]
     tt = torch.zeros((batch, seq), dtype=torch.long)
     tt[:, seq // 2 :] = 1

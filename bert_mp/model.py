@@ -182,7 +182,7 @@ def check_attn_precision(name: str, precision: str) -> None:
 
 
 def drop_full_attention_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Return ``batch`` without ``attention_mask`` when it has no padding (decided on the host batch).
+    """Return ``batch`` without its ``attention_mask`` when it has no padding (decided on the host batch).
 
     Without a mask SDPA may pick its flash kernel, and transformers skips its own ``mask.all()``
     check, which would otherwise read a CUDA tensor back to the host every forward pass. Call it on
@@ -191,7 +191,7 @@ def drop_full_attention_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.
     mask = batch.get("attention_mask")
     if mask is None or mask.device.type != "cpu" or not bool(mask.all()):
         return batch
-    return {**batch, "attention_mask": None}
+    return {k: v for k, v in batch.items() if k != "attention_mask"}
 
 
 COMPILE_MODES = ("none", "model", "layers")
@@ -287,9 +287,9 @@ class PretrainingModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
         labels: torch.Tensor,
         next_sentence_label: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         out = self.model.bert(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True

@@ -159,12 +159,13 @@ def _fmt(x: Any, pct: bool = False, digits: int = 2) -> str:
     return str(x)
 
 
-def ladder_rows(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """One row per run of a bench_train report, with speed-up against bert_mp strict fp32."""
+def ladder_rows(bench: dict[str, Any] | None, fp32_reference: float | None = None) -> list[dict[str, Any]]:
+    """One row per run of a bench_train report, with speed-up against bert_mp strict fp32 (of this
+    report, else ``fp32_reference``: the uncompiled ladder's fp32 on the same machine)."""
     if not bench:
         return []
     res = bench.get("results", {})
-    fp32 = (res.get("bert_mp_fp32") or {}).get("tokens_per_sec")
+    fp32 = (res.get("bert_mp_fp32") or {}).get("tokens_per_sec") or fp32_reference
     rows = []
     for name, r in res.items():
         tps = r.get("tokens_per_sec")
@@ -215,7 +216,8 @@ def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     ladder = phases.get("ladder") or {}
     compiled = phases.get("compile") or {}
     rows = ladder_rows(ladder.get("bench"))
-    crow = ladder_rows(compiled.get("bench"))
+    fp32_tps = next((r["tokens_per_sec"] for r in rows if r["run"] == "bert_mp_fp32"), None)
+    crow = ladder_rows(compiled.get("bench"), fp32_reference=fp32_tps)
     return {
         "schema": "bert_mp.gpu_check/1",
         "dry_run": any((p or {}).get("dry_run") for p in phases.values()),
@@ -455,6 +457,9 @@ def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, 
             "--warmup",
             "5",
         ]
+    # compiled: the 16-bit modes and tf32 (fp32's speed-up reference comes from the ladder phase)
+    precisions = "fp32,tf32,bf16,fp16" if compile_mode == "none" else "bf16,fp16,tf32"
+    baselines = "fp32,bf16" if compile_mode == "none" else "fp32"
     cmd = [
         sys.executable,
         "scripts/bench_train.py",
@@ -462,9 +467,9 @@ def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, 
         "--repeat",
         "1",
         "--precisions",
-        "fp32,tf32,bf16,fp16",
+        precisions,
         "--baseline-precisions",
-        "fp32,bf16",
+        baselines,
         "--compile",
         compile_mode,
         "--out",
@@ -574,6 +579,22 @@ def write_docstring_corpus(dest: Path, max_bytes: int, roots: list[Path] | None 
     return {"bytes": written, "documents": docs, "files": shard}
 
 
+def sweep_verdicts(report: dict[str, Any]) -> dict[str, str]:
+    """``group/run -> "status: first reason"`` plus the sweep's own speed ladder, from its summary.json."""
+    out: dict[str, str] = {}
+    for g in report.get("groups") or []:
+        for run, v in (g.get("verdicts") or {}).items():
+            reasons = v.get("reasons") or []
+            out[f"{g.get('name')}/{run}"] = v.get("status", "?") + (f": {reasons[0]}" if reasons else "")
+        for row in g.get("speed_ladder") or []:
+            if isinstance(row, dict) and row.get("name"):
+                x, mfu = row.get("speedup_vs_fp32"), row.get("mfu")
+                out[f"{g.get('name')}/{row['name']} speed"] = (
+                    f"{_fmt(row.get('tokens_per_sec'), digits=0)} tokens/s, x fp32 {_fmt(x)}, MFU {_fmt(mfu, pct=True)}"
+                )
+    return out
+
+
 def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     corpus = ROOT / "runs" / "gpu_corpus"
@@ -604,12 +625,8 @@ def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bert_mp", "sweep", "configs/sweep_gpu_base.yaml", *overrides]
     rc, tail = _run(cmd, remaining, STATE / "sweep.log")
     out_dir = ROOT / ("runs/gpu_check/sweep_dry" if args.dry_run else "runs/sweep_gpu_base")
-    verdicts = None
-    for cand in (out_dir / "report" / "summary.json", out_dir / "summary.json"):
-        if cand.exists():
-            s = json.loads(cand.read_text())
-            verdicts = s.get("verdicts") or s.get("groups") or s
-            break
+    report = out_dir / "summary.json"
+    verdicts = sweep_verdicts(json.loads(report.read_text())) if report.exists() else None
     status = (
         "ok" if rc == 0 else ("incomplete: run the sweep phase again (it resumes)" if rc == 124 else "failed")
     )
@@ -628,6 +645,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rerun phases that already completed")
     p.add_argument(
         "--budget", type=float, default=540.0, help="seconds for each long phase (a command may run 600)"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=570.0,
+        help="seconds for the whole invocation (phases are cut to fit)",
     )
     p.add_argument("--wheels", default=str(WHEELS), help="folder of carried wheels (default .wheels)")
     p.add_argument("--micro-batch", type=int, default=256, help="ladder micro-batch (BERT-base, seq 128)")
@@ -649,8 +672,17 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": phase_sweep,
     }
     started = time.monotonic()
+    phase_budget = args.budget
     for name in phases:
         if name == "summary":
+            continue
+        # one command may run 10 minutes: every phase gets at most what is left of --deadline
+        left = args.deadline - (time.monotonic() - started) - 20.0
+        args.budget = min(phase_budget, left)
+        if left < 60.0:
+            print(
+                f"[gpu_check] {name}: not started, {left:.0f} s left of --deadline; run it in the next command"
+            )
             continue
         path = STATE / f"{name}.json"
         if path.exists() and not args.force and json.loads(path.read_text()).get("status") == "ok":

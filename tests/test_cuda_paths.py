@@ -246,7 +246,7 @@ def test_static_masked_gather_matches_nonzero():
 
 def test_full_mask_dropped_only_without_padding():
     full = {"attention_mask": torch.ones(2, 8, dtype=torch.long), "input_ids": torch.zeros(2, 8)}
-    assert drop_full_attention_mask(full)["attention_mask"] is None
+    assert "attention_mask" not in drop_full_attention_mask(full)
     padded = {"attention_mask": torch.tensor([[1, 1], [1, 0]])}
     assert drop_full_attention_mask(padded) is padded
     model = _tiny()

@@ -233,7 +233,7 @@ def test_model_step_has_no_host_syncs():
     model = PretrainingModel(BertForPreTraining(bert_config(cfg, 256)), max_predictions_per_seq=20).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     batch = drop_full_attention_mask(synthetic_batch(256, 8, 32, torch.device("cpu"), padded=False))
-    batch = {k: (v.cuda() if v is not None else None) for k, v in batch.items()}
+    batch = {k: v.cuda() for k, v in batch.items()}
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
