@@ -1,8 +1,11 @@
 """Training throughput: a plain Hugging Face loop vs ``bert_mp.pretrain.trainer`` in each available precision.
 
-One run, one machine, one model and batch. The baseline is the obvious loop:
+One run, one machine, one device, one model and batch. The baseline is the obvious loop:
 ``BertForPreTraining(**batch, labels=..., next_sentence_label=...).loss``, ``torch.optim.AdamW``,
-fp32, on batches collated in advance (so it pays nothing for data). bert_mp runs its real training
+strict fp32 (``--baseline-precisions fp32,bf16`` adds a bf16-autocast HF loop), on batches collated
+in advance and already on the device (so it pays nothing for data). Model and batches live on the
+same device as bert_mp's (CUDA when available); the device is synchronised only around the timed
+window. bert_mp runs its real training
 loop (``bert_mp.pretrain.trainer.train``: data loading, masking, logging and all) on the same examples. Both
 count non-padding tokens and exclude warm-up steps. ``--repeat`` rounds, each measuring the baseline
 and every precision back to back; the median of the per-round ratios is reported. bert_mp runs
@@ -77,40 +80,57 @@ def _reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def bench_baseline(data, args, order: np.ndarray) -> dict:
-    """The plain HF loop on pre-collated batches, strict fp32."""
+def baseline_setup(data, args, order: np.ndarray, device: torch.device):
+    """The plain HF model (seeded) and its pre-collated batches, all on ``device``."""
     from transformers import BertForPreTraining
 
     from bert_mp.core.config import DataConfig, ModelConfig
     from bert_mp.data.masking import PretrainingCollator
     from bert_mp.model.bert import bert_config
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
     collator = PretrainingCollator(data.tokenizer, DataConfig(max_seq_length=args.seq), seed=42)
     ds, mb = data.dataset["train"], args.micro_batch
     batches = []
     for s in range(args.warmup + args.steps):
         idx = order[s * mb : (s + 1) * mb]
-        batches.append(collator([{**ds[int(i)], "index": int(i), "epoch": 0} for i in idx]))
+        batch = collator([{**ds[int(i)], "index": int(i), "epoch": 0} for i in idx])
+        batches.append({k: v.to(device) for k, v in batch.items()})
     torch.manual_seed(0)
-    model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab)).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times, tokens = [], []
+    model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab))
+    return model.to(device).train(), batches
+
+
+def bench_baseline(data, args, order: np.ndarray, device: torch.device, precision: str = "fp32") -> dict:
+    """The plain HF loop on pre-collated batches on ``device``: strict fp32, or bf16 autocast."""
+    from bert_mp.core.precision import resolve_precision
+
+    plan = resolve_precision(precision, device)
+    plan.apply_backend_flags()
+    model, batches = baseline_setup(data, args, order, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    tokens = [int(b["attention_mask"].sum()) for b in batches[args.warmup :]]  # before timing: no sync inside
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for i, batch in enumerate(batches):
-        t = time.perf_counter()
-        loss = model(**batch).loss
+        if i == args.warmup:
+            sync()  # measurement point: the warm-up steps have finished
+            t0 = time.perf_counter()
+        with plan.autocast():
+            loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
-        loss.item()  # a CPU run is synchronous; on CUDA this read would be the sync point
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t)
-            tokens.append(int(batch["attention_mask"].sum()))
+    sync()  # measurement point: every timed step has finished
+    secs = time.perf_counter() - t0
     return {
-        "tokens_per_sec": sum(tokens) / sum(times),
-        "step_ms": 1000 * sum(times) / len(times),
-        "steps": len(times),
+        "tokens_per_sec": sum(tokens) / secs,
+        "step_ms": 1000 * secs / args.steps,
+        "steps": args.steps,
+        "device": str(device),
+        "precision": precision,
     }
 
 
@@ -123,7 +143,9 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
     _reset_accelerate()
     cfg = Config(
         data=DataConfig(max_seq_length=args.seq),
-        model=ModelConfig(preset=args.preset, dropout_impl=args.dropout_impl),
+        model=ModelConfig(
+            preset=args.preset, dropout_impl=args.dropout_impl, attn_implementation=args.attn_implementation
+        ),
         train=TrainConfig(
             output_dir=str(out),
             precision=precision,
@@ -134,6 +156,8 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
             eval_max_batches=1,
             progress_bar=False,
             export=False,
+            compile=args.compile,
+            log_every=max(1, args.warmup + args.steps),
         ),
         hardware=HardwareConfig(allow_emulated=args.allow_emulated),
     )
@@ -142,11 +166,16 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"][args.warmup :]
     secs = sum(r["time/step_ms"] for r in rows) / 1000
     toks = sum(r["throughput/tokens_per_sec"] * r["time/step_ms"] / 1000 for r in rows)
+    mfus = [r.get("throughput/mfu") for r in rows]
     return {
         "tokens_per_sec": toks / secs,
         "step_ms": 1000 * secs / len(rows),
         "steps": len(rows),
+        "mfu": float(np.median(mfus)) if all(m is not None for m in mfus) and mfus else None,
         "data_wait_fraction": float(np.mean([r["data/wait_fraction"] for r in rows])),
+        "peak_memory_bytes": summary.get("memory", {}).get("peak_bytes"),
+        "peak_reserved_bytes": summary.get("memory", {}).get("peak_reserved_bytes"),
+        "compile": args.compile,
         "precision_in_effect": summary["precision"],
     }
 
@@ -167,13 +196,28 @@ def main() -> None:
         action="store_true",
         help="run bf16/fp16 on a CPU without native support (hardware.allow_emulated): numerics, not speed",
     )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available), cuda or cpu; both sides run there"
+    )
+    p.add_argument("--compile", default="none", help="bert_mp's train.compile (none, model, layers)")
+    p.add_argument("--attn-implementation", default="sdpa", help="bert_mp's model.attn_implementation")
+    p.add_argument(
+        "--baseline-precisions", default="fp32", help="plain HF loop precisions: fp32 and/or bf16 (autocast)"
+    )
     p.add_argument("--out", default="runs/bench_train.json")
     args = p.parse_args()
 
     from bert_mp.core.precision import device_name, library_versions, resolve_precision
     from bert_mp.errors import HardwareError
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
+    if device.type != ("cuda" if torch.cuda.is_available() else "cpu"):
+        raise SystemExit(
+            f"--device {args.device}: bert_mp trains on CUDA whenever it is available, so both sides "
+            "can only be compared on that device here"
+        )
     n = args.micro_batch * (args.warmup + args.steps)
     model_vocab = -(-args.vocab // 64) * 64  # what `bert-mp prepare` gives the model (multiple of 64)
     data = synthetic_prepared(n, args.seq, args.vocab, model_vocab)
@@ -190,10 +234,15 @@ def main() -> None:
             # even rounds, last in odd ones); ratios are taken within a round, so a slow or fast
             # phase of a shared machine hits both sides of a ratio.
             res: dict = {}
-            names = ["baseline", *precisions]
+            baselines = [f"baseline:{b}" for b in args.baseline_precisions.split(",")]
+            names = [*baselines, *precisions]
             for name in names if r % 2 == 0 else names[::-1]:
-                if name == "baseline":
-                    res["baseline_hf_fp32"] = bench_baseline(data, args, order)
+                if name.startswith("baseline:"):
+                    bp = name.split(":", 1)[1]
+                    try:
+                        res[f"baseline_hf_{bp}"] = bench_baseline(data, args, order, device, bp)
+                    except HardwareError as e:
+                        res[f"baseline_hf_{bp}"] = {"skipped": str(e)}
                     continue
                 try:
                     resolve_precision(name, device, allow_emulated=args.allow_emulated)
@@ -201,7 +250,11 @@ def main() -> None:
                     res[f"bert_mp_{name}"] = {"skipped": str(e)}
                     continue
                 res[f"bert_mp_{name}"] = bench_bert_mp(data, args, name, Path(tmp) / f"{name}_{r}")
-            base = res["baseline_hf_fp32"]["tokens_per_sec"]
+            # ratios against the strict-fp32 HF loop (or the first baseline that ran)
+            ref = res.get("baseline_hf_fp32") or next(
+                v for k, v in res.items() if k.startswith("baseline_hf_")
+            )
+            base = ref["tokens_per_sec"]
             for v in res.values():
                 if "tokens_per_sec" in v:
                     v["ratio_vs_baseline"] = v["tokens_per_sec"] / base
@@ -234,6 +287,7 @@ def main() -> None:
 
     report = {
         "device": device_name(device),
+        "device_type": device.type,
         "cpu_threads": torch.get_num_threads(),
         "machine": platform.platform(),
         "load_average_before": load_before,

@@ -33,13 +33,18 @@ def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
 
 def build_accelerator(plan: PrecisionPlan, output_dir: str | Path, log_with: list[str] = ()) -> Any:
     """An ``Accelerator`` for ``plan`` with trackers under ``<output_dir>/trackers``; backend flags set."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration
 
+    from bert_mp.core.distributed import accelerate_mixed_precision
+
     out = Path(output_dir)
+    cpu = not torch.cuda.is_available()
+    distributed_type = str(PartialState(cpu=cpu).distributed_type)
     accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision=plan.accelerate_mixed_precision,
+        cpu=cpu,
+        # under DeepSpeed "no": the loop autocasts over fp32 weights (DeepSpeed's bf16 means bf16 weights)
+        mixed_precision=accelerate_mixed_precision(plan, distributed_type),
         log_with=list(log_with) or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "trackers")),
         kwargs_handlers=plan.accelerate_kwargs_handlers(),

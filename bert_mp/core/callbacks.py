@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class StepFacts(LossSums):
     padded_tokens: int
     """Positions computed including padding (sequences x padded length)."""
     attention_flops_tokens: float
-    """Sum over sequences of padded_length^2: what the attention matmuls cost."""
+    """Sum over sequences of real_length^2 (:func:`attention_flops_tokens`), consistent with ``tokens``."""
     sequences: int
     lr: float
     grad_norm: float
@@ -116,26 +117,65 @@ class BaseCallback:
 # --------------------------------------------------------------------------------------------------
 # FLOPs and peak table
 # --------------------------------------------------------------------------------------------------
-# Dense peak FLOP/s per device and precision (vendor datasheets, no sparsity). fp32 is the CUDA-core
-# rate; tf32/bf16/fp16 are tensor-core rates. Unknown devices (and CPUs) give MFU = None / n/a.
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
-    "H100": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-    "L40S": {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12},
-    "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
-    "A10G": {"fp32": 31.2e12, "tf32": 35e12, "bf16": 70e12, "fp16": 70e12},
-    "V100": {"fp32": 15.7e12, "fp16": 125e12},
-}
+# Dense peak FLOP/s per device and precision (vendor datasheets; sparsity figures halved). fp32 is the
+# CUDA-core rate; tf32/bf16/fp16 are tensor-core rates. Matched on the whole normalised device name
+# (see peak_flops): "L4" must not match "L40", an H100 NVL or PCIe must not get SXM peaks. Unknown
+# devices (and CPUs) give MFU None, printed as n/a.
+_HOPPER_SXM = {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}
+_HOPPER_PCIE = {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12}
+_HOPPER_NVL = {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12}
+_AMPERE_A100 = {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}
+PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    (r"h100 nvl", _HOPPER_NVL),
+    (r"h100 pcie( \d+gb)?", _HOPPER_PCIE),
+    (r"h100( sxm\d?)?( \d+gb)?( hbm\d)?", _HOPPER_SXM),
+    (r"h800 pcie( \d+gb)?", _HOPPER_PCIE),
+    (r"h800( sxm\d?)?( \d+gb)?( hbm\d)?", _HOPPER_SXM),
+    (r"h200 nvl", _HOPPER_NVL),
+    (r"h200( sxm\d?)?( \d+gb)?( hbm\d e?)?", _HOPPER_SXM),
+    (r"gh200( \d+gb)?( hbm\d e?)?", _HOPPER_SXM),
+    (r"h20", {"fp32": 44e12, "tf32": 74e12, "bf16": 148e12, "fp16": 148e12}),
+    (r"b200", {"fp32": 75e12, "tf32": 1100e12, "bf16": 2250e12, "fp16": 2250e12}),
+    (r"a100([- ]sxm4| pcie|-pcie)?([- ]\d+gb)?( pcie)?", _AMPERE_A100),
+    (r"a800([- ]sxm4| pcie|-pcie)?([- ]\d+gb)?( pcie)?", _AMPERE_A100),
+    (r"l40s", {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12}),
+    (r"l40", {"fp32": 90.5e12, "tf32": 90.5e12, "bf16": 181e12, "fp16": 181e12}),
+    (r"l4", {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12}),
+    (r"a10g", {"fp32": 31.2e12, "tf32": 35e12, "bf16": 70e12, "fp16": 70e12}),
+    (r"a10", {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12}),
+    (r"v100([- ]sxm2)?([- ]\d+gb)?", {"fp32": 15.7e12, "fp16": 125e12}),
+]
+
+
+def normalise_device_name(device_name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"h100 80gb hbm3"``: vendor prefixes off, lower case, single spaces."""
+    name = " ".join(device_name.strip().lower().split())
+    for prefix in ("nvidia ", "tesla "):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
-    """Per-device peak FLOP/s for ``precision``, or None when the device is not in the table."""
-    for key, table in PEAK_FLOPS.items():  # most specific names first
-        if key in device_name:
+    """Per-device peak FLOP/s for ``precision``, or None when the device is not in the table.
+
+    The whole normalised name must match one pattern (no substring matching).
+    """
+    name = normalise_device_name(device_name)
+    for pattern, table in PEAK_FLOPS:
+        if re.fullmatch(pattern, name):
             return table.get(precision)
     return None
+
+
+def attention_flops_tokens(attention_mask: torch.Tensor) -> float:
+    """Sum over sequences of (real length)^2, the attention term of :func:`step_flops`.
+
+    Counted on real tokens, like the linear layers: MFU measures useful work, so padding (which a
+    padded SDPA kernel also computes) is not credited. Call it on the CPU batch (no device sync).
+    """
+    lengths = attention_mask.sum(dim=1, dtype=torch.float64)
+    return float((lengths * lengths).sum())
 
 
 def step_flops(facts: StepFacts, ctx: TrainContext) -> float:
@@ -261,8 +301,18 @@ class MemoryMonitor(BaseCallback):
     def load_state_dict(self, d: dict) -> None:
         self.earlier_peak = int(d["peak_bytes"])
 
+    def _peak_reserved(self) -> int | None:
+        """CUDA: the caching allocator's peak reservation (what other processes cannot use)."""
+        assert self.ctx is not None
+        if self.ctx.device.type == "cuda":
+            return int(torch.cuda.max_memory_reserved(self.ctx.device))
+        return None
+
     def on_step_end(self, state: Any, logs: dict) -> None:
         logs["memory/peak_bytes"] = self._peak()
+        reserved = self._peak_reserved()
+        if reserved is not None:
+            logs["memory/peak_reserved_bytes"] = reserved
 
     def on_train_end(self, state: Any, summary: dict) -> None:
         assert self.ctx is not None
@@ -270,6 +320,9 @@ class MemoryMonitor(BaseCallback):
             "peak_bytes": self._peak(),
             "kind": "cuda_max_allocated" if self.ctx.device.type == "cuda" else "cpu_peak_rss",
         }
+        reserved = self._peak_reserved()
+        if reserved is not None:
+            summary["memory"]["peak_reserved_bytes"] = reserved
 
 
 class LossScaleMonitor(BaseCallback):

@@ -198,16 +198,22 @@ class ModelConfig:
     init_from: Optional[str] = None
     """Continue pretraining from this checkpoint folder or Hub name instead of random init."""
     attn_implementation: str = "sdpa"
-    """Attention kernel: sdpa (default) or eager."""
+    """Attention kernel: sdpa (default; torch's fused kernels) | eager (reference) | flash_attention_2
+    (flash-attn package, unpadded varlen kernel; CUDA, bf16/fp16) | flex_attention (torch flex attention,
+    padded blocks skipped). Unavailable ones are refused before training starts."""
     sparse_mlm_head: bool = True
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
     dropout_impl: str = "auto"
     """Dropout masks: fast (one 64-bit draw per 4 elements, p rounded to 1/32768; see
-    bert_mp/model/dropout.py) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
+    bert_mp/model/dropout.py; CPU only) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
 
     def validate(self) -> None:
         _choice(self.preset, "model.preset", MODEL_PRESETS)
-        _choice(self.attn_implementation, "model.attn_implementation", ("sdpa", "eager"))
+        _choice(
+            self.attn_implementation,
+            "model.attn_implementation",
+            ("sdpa", "eager", "flash_attention_2", "flex_attention"),
+        )
         _choice(self.dropout_impl, "model.dropout_impl", ("auto", "torch", "fast"))
         for name in (
             "hidden_size",
@@ -320,8 +326,13 @@ class TrainConfig(LoopConfig):
     """Callbacks by name."""
     log_with: list[str] = field(default_factory=list)
     """Experiment trackers through Accelerate (e.g. tensorboard, wandb)."""
-    num_workers: int = 0
-    """DataLoader worker processes."""
+    num_workers: int = -1
+    """DataLoader worker processes; -1 (auto): 4 on CUDA (bounded by the CPU count), 0 on CPU."""
+    pin_memory: Optional[bool] = None
+    """Page-locked host batches for asynchronous copies; None (auto): on CUDA only."""
+    compile: str = "none"
+    """torch.compile: none | model (the whole forward + loss, in place) | layers (each BertLayer, in
+    place); static shapes. Checkpoint keys and the export are the same in every mode."""
     export: bool = True
     """Write final/ with save_pretrained + tokenizer at the end."""
     parity_reference: Optional[str] = None
@@ -348,7 +359,8 @@ class TrainConfig(LoopConfig):
         _range(self.warmup_steps, "train.warmup_steps", 0)
         _range(self.log_every, "train.log_every", 1)
         _range(self.eval_every, "train.eval_every", 0)
-        _range(self.num_workers, "train.num_workers", 0)
+        _range(self.num_workers, "train.num_workers", -1)
+        _choice(self.compile, "train.compile", ("none", "model", "layers"))
         _check(self.parity_tolerance > 0, "train.parity_tolerance", "must be > 0", self.parity_tolerance)
         if self.eval_max_batches is not None:
             _range(self.eval_max_batches, "train.eval_max_batches", 1)
@@ -569,6 +581,14 @@ class Config:
     def validate(self) -> None:
         for f in fields(self):
             getattr(self, f.name).validate()
+        if self.model.attn_implementation == "flash_attention_2":
+            _check(
+                self.train.precision in ("bf16", "fp16"),
+                "model.attn_implementation",
+                "flash_attention_2 has kernels for bf16/fp16 only; use sdpa with train.precision="
+                f"{self.train.precision}",
+                self.model.attn_implementation,
+            )
 
 
 # --------------------------------------------------------------------------------------------------

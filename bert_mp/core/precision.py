@@ -410,11 +410,22 @@ def optimizer_step(
     unscale_gradients(accelerator, optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = accelerator.clip_grad_norm_(parameters, max_norm)
-    scale_before = scaler.get_scale() if scaler is not None else None
+    # The scale is compared on the device and read back once (``get_scale()`` twice would be two syncs).
+    scale_before = _scale_tensor(scaler)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    skipped = scaler is not None and scaler.get_scale() < scale_before
+    skipped = scale_before is not None and bool(_scale_tensor(scaler) < scale_before)
     return grad_norm, skipped
+
+
+def _scale_tensor(scaler: Any) -> torch.Tensor | None:
+    """The GradScaler's current scale as a tensor copy (no host read), None without an active scaler."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)
+    if torch.is_tensor(scale):
+        return scale.detach().clone()
+    return torch.tensor(float(scaler.get_scale()))
 
 
 @contextlib.contextmanager

@@ -99,7 +99,7 @@ def build_model(
         model = _load_pretrained(model_cfg)
     else:
         model = BertForPreTraining(bert_config(model_cfg, vocab_size, pad_token_id))
-        model.set_attn_implementation(model_cfg.attn_implementation)
+        model.set_attn_implementation(check_attn_implementation(model_cfg.attn_implementation))
     check_against_data(model.config, tokenizer_size, max_seq_length)
     return model
 
@@ -130,9 +130,113 @@ def _load_pretrained(model_cfg: ModelConfig) -> BertForPreTraining:
         )
     check_init_from(model_cfg)
     try:
-        return BertForPreTraining.from_pretrained(source, attn_implementation=model_cfg.attn_implementation)
+        return BertForPreTraining.from_pretrained(
+            source, attn_implementation=check_attn_implementation(model_cfg.attn_implementation)
+        )
     except OSError as e:
         raise ConfigError(f"model.init_from={source}: cannot load it ({str(e).splitlines()[0]})") from None
+
+
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+"""What transformers' BERT accepts as ``attn_implementation`` (and bert_mp offers)."""
+
+
+def check_attn_implementation(name: str, device: torch.device | str | None = None) -> str:
+    """Return ``name`` if this machine can run it, else raise HardwareError saying what to use.
+
+    - ``sdpa``: torch's fused attention (flash / memory-efficient / cuDNN kernels on CUDA). A padded
+      batch needs a mask, which rules out the flash kernel; memory-efficient attention takes it.
+    - ``eager``: explicit matmul + softmax (the reference; slowest).
+    - ``flash_attention_2``: the ``flash-attn`` package; transformers unpads padded batches and
+      calls its varlen kernel, so padding costs nothing. CUDA only, fp16/bf16 only.
+    - ``flex_attention``: torch's compiled flex attention with a block mask built from padding
+      (padded blocks are skipped). Needs a torch with ``torch.nn.attention.flex_attention``.
+    """
+    from bert_mp.errors import HardwareError
+
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"model.attn_implementation={name!r} is not one BERT supports; choose one of "
+            f"{', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
+    dev = torch.device(device) if device is not None else None
+    if name == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise HardwareError(
+                "model.attn_implementation=flash_attention_2 needs the flash-attn package "
+                "(pip install flash-attn, CUDA only); use sdpa or flex_attention instead"
+            )
+        if (dev is not None and dev.type != "cuda") or not torch.cuda.is_available():
+            raise HardwareError(
+                "model.attn_implementation=flash_attention_2 runs only on CUDA GPUs; use sdpa on this device"
+            )
+    if name == "flex_attention":
+        import importlib
+
+        try:
+            importlib.import_module("torch.nn.attention.flex_attention")
+        except ImportError:
+            raise HardwareError(
+                f"model.attn_implementation=flex_attention needs torch >= 2.5 (this is {torch.__version__}); "
+                "use sdpa"
+            ) from None
+    return name
+
+
+def check_attn_precision(name: str, precision: str) -> None:
+    """flash-attn kernels exist only for 16-bit inputs: refuse fp32/tf32 with flash_attention_2."""
+    if name == "flash_attention_2" and precision not in ("bf16", "fp16"):
+        raise ConfigError(
+            f"model.attn_implementation=flash_attention_2 needs train.precision=bf16 or fp16 (got {precision}); "
+            "use sdpa for fp32/tf32"
+        )
+
+
+def drop_full_attention_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Return ``batch`` without its ``attention_mask`` when it has no padding (decided on the host batch).
+
+    Without a mask SDPA may pick its flash kernel, and transformers skips its own ``mask.all()``
+    check, which would otherwise read a CUDA tensor back to the host every forward pass. Call it on
+    the CPU batch before the copy to the device (no sync there).
+    """
+    mask = batch.get("attention_mask")
+    if mask is None or mask.device.type != "cpu" or not bool(mask.all()):
+        return batch
+    return {k: v for k, v in batch.items() if k != "attention_mask"}
+
+
+COMPILE_MODES = ("none", "model", "layers")
+
+
+def compile_model(model: nn.Module, mode: str, dynamic: bool = False) -> nn.Module:
+    """Apply ``torch.compile`` per ``train.compile``, in place (``Module.compile``), so state-dict keys,
+    checkpoints and the export are unchanged: ``none``, ``model`` (the whole forward including the
+    loss) or ``layers`` (each ``BertLayer``; one compiled graph serves all layers, shorter compile).
+
+    Shapes are static (``dynamic=False``): the collator pads to a multiple of 8, so a run sees a few
+    sequence lengths and recompiles at most once per length.
+    """
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
+    if mode == "none":
+        return model
+    if mode == "model":
+        model.compile(dynamic=dynamic)
+        return model
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    compiled = 0
+    for module in model.modules():
+        if isinstance(module, BertLayer):
+            module.compile(dynamic=dynamic)
+            compiled += 1
+    if not compiled:
+        raise ConfigError(
+            "train.compile=layers: the model has no BertLayer to compile; use train.compile=model"
+        )
+    return model
 
 
 def parameter_counts(model: BertForPreTraining) -> dict[str, int]:
@@ -161,18 +265,44 @@ class PretrainingModel(nn.Module):
     ``mlm_correct``, ``mlm_count``, ``nsp_loss_sum``, ``nsp_correct``, ``nsp_count``.
     """
 
-    def __init__(self, model: BertForPreTraining, sparse_mlm_head: bool = True):
+    def __init__(
+        self,
+        model: BertForPreTraining,
+        sparse_mlm_head: bool = True,
+        max_predictions_per_seq: int | None = None,
+    ):
         super().__init__()
         self.model = model
         self.sparse_mlm_head = sparse_mlm_head
+        self.max_predictions_per_seq = max_predictions_per_seq
+        """With it, the masked rows are gathered into a fixed ``batch x max_predictions_per_seq`` buffer
+        (``nonzero_static``): no device-to-host sync for the row count and static shapes for
+        ``torch.compile``. The masking never labels more positions per sequence than this."""
+
+    def _masked_rows(self, flat_labels: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices of the labelled positions and their targets (-100 where a static buffer is padded)."""
+        labelled = flat_labels != -100
+        if self.max_predictions_per_seq:
+            size = min(flat_labels.numel(), batch * self.max_predictions_per_seq)
+            try:
+                rows = torch.nonzero_static(labelled, size=size, fill_value=-1).squeeze(1)
+            except (NotImplementedError, RuntimeError):  # a backend without nonzero_static
+                rows = None
+            if rows is not None:
+                filled = rows >= 0
+                rows = rows.clamp(min=0)
+                targets = torch.where(filled, flat_labels.index_select(0, rows), -100)
+                return rows, targets
+        rows = labelled.nonzero().squeeze(1)  # the row count is read on the host: a sync on CUDA
+        return rows, flat_labels.index_select(0, rows)
 
     def forward(
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
         labels: torch.Tensor,
         next_sentence_label: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         out = self.model.bert(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
@@ -181,8 +311,7 @@ class PretrainingModel(nn.Module):
         flat_labels = labels.reshape(-1)
         heads = self.model.cls
         if self.sparse_mlm_head:
-            rows = (flat_labels != -100).nonzero().squeeze(1)
-            targets = flat_labels.index_select(0, rows)
+            rows, targets = self._masked_rows(flat_labels, labels.shape[0])
             hidden = seq.reshape(-1, seq.shape[-1]).index_select(0, rows)
             # losses and the vocab softmax in fp32 whatever the autocast dtype
             logits = heads.predictions(hidden).float()

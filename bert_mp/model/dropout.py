@@ -136,7 +136,18 @@ def install_fast_dropout(model: nn.Module) -> int:
 
 
 def resolve_dropout_impl(setting: str, device: torch.device) -> str:
-    """``auto`` -> ``fast`` on CPU, ``torch`` elsewhere; ``torch`` / ``fast`` as given."""
+    """``auto`` -> ``fast`` on CPU, ``torch`` elsewhere; ``torch`` / ``fast`` as given.
+
+    ``fast`` is refused off the CPU: on CUDA torch's fused kernels already draw their masks inside the
+    kernel, and the fast path would route attention through an eager, materialised score matrix.
+    """
     if setting == "auto":
         return "fast" if device.type == "cpu" else "torch"
+    if setting == "fast" and device.type != "cpu":
+        from bert_mp.errors import HardwareError
+
+        raise HardwareError(
+            f"model.dropout_impl=fast is a CPU speed-up; on {device.type} it would replace the fused "
+            "attention kernel with an eager one. Use model.dropout_impl=auto or torch."
+        )
     return setting

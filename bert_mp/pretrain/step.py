@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-from bert_mp.core.callbacks import LossSums
+from bert_mp.core.callbacks import LossSums, attention_flops_tokens
+from bert_mp.core.distributed import backward_kwargs, set_micro_batch_boundary
+from bert_mp.model.bert import drop_full_attention_mask
 
 SUM_KEYS = tuple(f.name for f in fields(LossSums))
 """The loss sums and counts ``PretrainingModel`` returns for a batch."""
@@ -29,7 +31,7 @@ class StepTotals(LossSums):
     padded_tokens: float
     """Positions computed, padding included."""
     attention_flops_tokens: float
-    """Sum over sequences of padded_length^2."""
+    """Sum over sequences of real_length^2 (the attention term of the FLOP count)."""
     stop_flag: float
     """Ranks that received a stop signal: above 0 means every rank stops after this step."""
 
@@ -66,18 +68,20 @@ def forward_backward(
     n_masked, n_seqs = accelerator.reduce(local, reduction="sum").tolist()
     sums = torch.zeros(len(SUM_KEYS), device=device)
     for i, batch in enumerate(micro):
+        batch = drop_full_attention_mask(batch)  # no mask at all lets SDPA pick its flash kernel
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         sync = i == len(micro) - 1
+        set_micro_batch_boundary(accelerator, sync)
         with contextlib.nullcontext() if sync else accelerator.no_sync(model):
             with plan.autocast():
                 o = model(**batch)
             # x world: DDP averages gradients over ranks, the normalisers are already global
             loss = world * (o["mlm_loss_sum"] / max(n_masked, 1.0) + o["nsp_loss_sum"] / n_seqs)
-            accelerator.backward(loss)
+            accelerator.backward(loss, **backward_kwargs(accelerator))
         sums += torch.stack([o[k].detach().float() for k in SUM_KEYS])
     masks = [b["attention_mask"] for b in micro]
     figures = dict(zip(SUM_KEYS, sums))
     figures["tokens"] = sum(int(m.sum()) for m in masks)
     figures["padded_tokens"] = sum(m.numel() for m in masks)
-    figures["attention_flops_tokens"] = sum(m.shape[0] * m.shape[1] ** 2 for m in masks)
+    figures["attention_flops_tokens"] = sum(attention_flops_tokens(m) for m in masks)
     return {k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in figures.items()}

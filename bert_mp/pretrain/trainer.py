@@ -33,6 +33,8 @@ from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.callbacks import StepFacts, TrainContext, build_callbacks
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.config import Config, load_config
+from bert_mp.core.cuda import loader_kwargs
+from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
 from bert_mp.core.export import pretraining_facts
 from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
@@ -40,7 +42,13 @@ from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.errors import DataError, TrainingError
-from bert_mp.model.bert import PretrainingModel, build_model, check_init_from, parameter_counts
+from bert_mp.model.bert import (
+    PretrainingModel,
+    build_model,
+    check_init_from,
+    compile_model,
+    parameter_counts,
+)
 from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
 from bert_mp.pretrain.evaluate import evaluate
@@ -122,10 +130,15 @@ class Trainer:
         if self.dropout_impl == "fast":
             install_fast_dropout(model)
         self.inner, self.counts = model, parameter_counts(model)
-        wrapped = PretrainingModel(model, sparse_mlm_head=cfg.model.sparse_mlm_head)
+        wrapped = PretrainingModel(
+            model, cfg.model.sparse_mlm_head, max_predictions_per_seq=cfg.data.max_predictions_per_seq
+        )
+        wrapped = compile_model(wrapped, tc.compile)
         optimizer = build_optimizer(wrapped, tc, acc.device)
         self.scheduler = build_scheduler(optimizer, tc)
         self.scaler = install_scaler(acc, self.plan)
+        configure_deepspeed(acc, cfg, self.geometry.accumulation)  # explicit batch sizes, fp32 weights
+        configure_fsdp(acc)  # fp32 sharded parameters and reductions, autocast for 16-bit math
         self.model, self.optimizer = acc.prepare(wrapped, optimizer)
         # The scheduler is stepped by hand (only after a real optimizer step, once per global batch),
         # so it is not prepared - only registered for checkpointing.
@@ -163,7 +176,7 @@ class Trainer:
             IndexedSplit(self.train_ds),
             batch_sampler=self.sampler,
             collate_fn=self.collator,
-            num_workers=tc.num_workers,
+            **loader_kwargs(tc.num_workers, tc.pin_memory, acc.device),
             # A private generator: creating a loader iterator must not draw from the global RNG, or a
             # resumed run's dropout stream would differ from an uninterrupted one.
             generator=torch.Generator(),

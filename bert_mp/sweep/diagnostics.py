@@ -140,24 +140,69 @@ MATMUL_OPS = (
 )
 """Profiler leaf operators that are matrix multiplies (or fused attention built on them)."""
 
-_CUDA_TENSOR_CORE = re.compile(
-    r"(xmma|hmma|wgmma|tensorop|cutlass|s1688|h1688|s16816|h16816|i8816|"
-    r"sm80_|sm86_|sm89_|sm90_|sm100_|nvjet|flash|fmha|gemm_.*_tn_|cudnn.*engine)",
+# Kernel names are evidence, not proof; the patterns below follow the names cuBLAS, cuBLASLt (nvjet),
+# CUTLASS, cuDNN and the SDPA backends give their kernels. Order matters: CUDA-core markers win,
+# because strict-fp32 cuBLAS kernels on Ampere/Hopper are called ``sm80_xmma_gemm_f32f32_f32f32_..._ffma``
+# and ``cutlass_80_simt_sgemm_...`` - names that also contain "xmma" / "cutlass" / "sm80_".
+_ATTENTION = re.compile(r"(flash|fmha|attention|attn|sdpa|mem_eff)", re.IGNORECASE)
+_CUDA_GEMM = re.compile(r"(gemm|gemv|gemmk|matmul|dot_kernel|xmma|cutlass|nvjet|wgmma|hmma)", re.IGNORECASE)
+_CUDA_CORE = re.compile(
+    r"(ffma|simt|sgemm|dgemm|gemv|gemmsn|gemmk1|dot_kernel|xmma_gemm_f32f32_f32f32|f32f32_f32f32_f32)",
     re.IGNORECASE,
 )
-_CUDA_GEMM = re.compile(r"(gemm|gemv|matmul|dot|xmma|cutlass|nvjet|fmha|flash|attention)", re.IGNORECASE)
+_TENSOR_CORE = re.compile(
+    r"(tf32|bf16|f16|fp16|half|hmma|wgmma|gmma|tensorop|tensor\d+x\d+x\d+|h884|h1688|h16816|s1688|s16816|"
+    r"i8816|i16832|nvjet|e4m3|e5m2)",
+    re.IGNORECASE,
+)
+_NOT_A_PRODUCT = re.compile(
+    r"(splitkreduce|reduce_kernel|elementwise|softmax|layer_?norm|dropout)", re.IGNORECASE
+)
+
+
+def cuda_kernel_kind(name: str) -> str | None:
+    """``attention`` (fused SDPA kernels), ``gemm`` (matrix products) or None (anything else)."""
+    if _ATTENTION.search(name) and not _NOT_A_PRODUCT.search(name):
+        return "attention"
+    if _CUDA_GEMM.search(name) and not _NOT_A_PRODUCT.search(name):
+        return "gemm"
+    return None
 
 
 def classify_cuda_kernel(name: str) -> str | None:
-    """``tensor-core``, ``simt`` (a GEMM on CUDA cores) or None when the kernel is not a GEMM.
+    """``tensor-core``, ``simt`` (CUDA cores), ``unknown`` (a product kernel whose name says neither),
+    or None when the kernel is not a matrix product or fused attention.
 
-    Based on kernel-name patterns used by cuBLAS / CUTLASS / cuDNN / flash attention
-    (``sm80_xmma``, ``cutlass ... tensorop``, ``hmma``, ``wgmma``, ``nvjet`` ...). A name is evidence,
-    not proof: an unfamiliar tensor-core kernel name reads as ``simt``.
+    Strict-fp32 kernels (``..._ffma_...``, ``cutlass_80_simt_sgemm``, ``ampere_sgemm``, the
+    ``f32f32_f32f32`` type tuple) are CUDA-core kernels although their names contain ``xmma`` /
+    ``cutlass``. Memory-efficient attention in fp32 (``fmha_cutlassF_f32...``) runs its products as
+    3xTF32 on tensor cores (fp32-accurate), so it is ``tensor-core`` in every precision; flash and
+    cuDNN attention exist only for 16-bit types.
     """
-    if not _CUDA_GEMM.search(name):
+    kind = cuda_kernel_kind(name)
+    if kind is None:
         return None
-    return "tensor-core" if _CUDA_TENSOR_CORE.search(name) else "simt"
+    if kind == "attention":
+        return "tensor-core"
+    if _CUDA_CORE.search(name):
+        return "simt"
+    if _TENSOR_CORE.search(name):
+        return "tensor-core"
+    return "unknown"
+
+
+def summarize_cuda_kernels(cuda_kernels: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Launch counts per kind and class (``gemm`` vs ``attention``) from profiled kernel rows."""
+    out: dict[str, Any] = {}
+    for kind in ("gemm", "attention"):
+        rows = [k for k in cuda_kernels if k.get("kind", cuda_kernel_kind(k["kernel"])) == kind]
+        counts = {
+            c: sum(k["count"] for k in rows if k["class"] == c) for c in ("tensor-core", "simt", "unknown")
+        }
+        counts["total"] = sum(k["count"] for k in rows)
+        counts["device_us"] = sum(k.get("device_us", 0.0) for k in rows)
+        out[kind] = counts
+    return out
 
 
 _ONEDNN_LINE = re.compile(r"^onednn_verbose,(?:v\d+,)?primitive,exec,cpu,(?P<kind>[a-z_]+),(?P<impl>[^,]+),")
@@ -226,7 +271,16 @@ def _profiled_matmuls(prof: Any) -> tuple[list[dict[str, Any]], list[dict[str, A
         if dev_type is not None and str(dev_type).endswith("CUDA"):
             cls = classify_cuda_kernel(e.name)
             if cls is not None:
-                k = kernels.setdefault(e.name, {"kernel": e.name, "class": cls, "count": 0, "device_us": 0.0})
+                k = kernels.setdefault(
+                    e.name,
+                    {
+                        "kernel": e.name,
+                        "kind": cuda_kernel_kind(e.name),
+                        "class": cls,
+                        "count": 0,
+                        "device_us": 0.0,
+                    },
+                )
                 k["count"] += 1
                 k["device_us"] += getattr(e, "device_time", 0.0) or 0.0
     return (
@@ -235,18 +289,51 @@ def _profiled_matmuls(prof: Any) -> tuple[list[dict[str, Any]], list[dict[str, A
     )
 
 
+def cuda_kernel_verdict(precision: str, cuda_kernels: Sequence[dict]) -> dict[str, Any]:
+    """Did the GEMMs of a CUDA run take the path the mode is for? ``ok`` plus one text line per kind.
+
+    Strict fp32 expects no tensor-core GEMM (TF32 off); tf32 / bf16 / fp16 expect every GEMM launch
+    on tensor cores. Fused attention is reported on its own line and does not decide ``ok``:
+    memory-efficient attention computes fp32 inputs with 3xTF32 tensor-core products (accurate to
+    fp32), so tensor-core attention kernels are expected in every mode.
+    """
+    counts = summarize_cuda_kernels(cuda_kernels)
+    g, a = counts["gemm"], counts["attention"]
+    if not g["total"]:
+        gemm_line, ok = "no GEMM kernels recognised in the profile", None
+    elif precision == "fp32":
+        ok = g["tensor-core"] == 0
+        gemm_line = (
+            f"GEMMs: {g['tensor-core']}/{g['total']} launches on tensor cores, {g['simt']} on CUDA cores "
+            f"(strict fp32 expects none on tensor cores: {'ok' if ok else 'NOT strict'})"
+        )
+    else:
+        ok = g["tensor-core"] == g["total"]
+        gemm_line = (
+            f"GEMMs: {g['tensor-core']}/{g['total']} launches on tensor cores, {g['simt']} on CUDA cores"
+            f"{', ' + str(g['unknown']) + ' unrecognised' if g['unknown'] else ''} "
+            f"({precision} expects all: {'ok' if ok else 'NOT all'})"
+        )
+    attn_line = (
+        f"attention: {a['total']} fused-attention launches ({a['tensor-core']} tensor-core by name)"
+        if a["total"]
+        else "attention: no fused attention kernel (eager/bmm path or masked fallback)"
+    )
+    return {
+        "ok": ok,
+        "gemm": gemm_line,
+        "attention": attn_line,
+        "counts": counts,
+        "text": f"{gemm_line}; {attn_line}",
+    }
+
+
 def kernel_verdict(
     precision: str, device_type: str, onednn: Sequence[dict], cuda_kernels: Sequence[dict]
 ) -> str:
     """One sentence: did the matmuls take the reduced-precision hardware path this mode is for?"""
     if device_type == "cuda":
-        if not cuda_kernels:
-            return "no GEMM kernels recognised in the profile"
-        tc = sum(k["count"] for k in cuda_kernels if k["class"] == "tensor-core")
-        total = sum(k["count"] for k in cuda_kernels)
-        if precision == "fp32":
-            return f"{tc}/{total} GEMM launches look like tensor-core kernels (strict fp32 expects none)"
-        return f"{tc}/{total} GEMM launches are tensor-core kernels (by name)"
+        return cuda_kernel_verdict(precision, cuda_kernels)["text"]
     amx = sum(r["count"] for r in onednn if r["class"] == "amx")
     low = sum(r["count"] for r in onednn if r["class"] != "fp32")
     total = sum(r["count"] for r in onednn)
@@ -291,21 +378,45 @@ def model_dimensions(bert_cfg: Any, micro_batch_size: int, max_seq_length: int) 
 
 
 def synthetic_batch(
-    vocab_size: int, batch: int, seq: int, device: torch.device, seed: int = 0
+    vocab_size: int,
+    batch: int,
+    seq: int,
+    device: torch.device,
+    seed: int = 0,
+    padded: bool = True,
+    max_predictions: int = 20,
 ) -> dict[str, torch.Tensor]:
-    """A full-length pretraining batch with 15% of positions labelled (shapes are what matter here)."""
+    """A pretraining batch shaped like the collator's: 15% of real positions labelled (at most
+    ``max_predictions`` per row).
+
+    ``padded`` (default) gives rows of different lengths padded to ``seq`` (the first row full, a
+    tenth short as with BERT's ``short_seq_prob``, the rest between half and full length), so the
+    attention kernels profiled are the ones a padded training batch gets; ``padded=False`` gives
+    full-length rows only.
+    """
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, vocab_size, (batch, seq), generator=g)
+    lengths = torch.full((batch,), seq)
+    if padded and batch > 1:
+        lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)
+        short = torch.rand(batch, generator=g) < 0.1
+        lengths[short] = torch.randint(8, max(9, seq // 2), (int(short.sum()),), generator=g)
+        lengths[0] = seq
+        lengths = lengths.clamp(min=min(8, seq), max=seq)
+    mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+    ids = ids * mask  # pad id 0
     labels = torch.full((batch, seq), -100)
-    chosen = torch.rand((batch, seq), generator=g) < 0.15
+    chosen = (torch.rand((batch, seq), generator=g) < 0.15) & mask.bool()
     chosen[:, 1] = True
+    chosen &= chosen.cumsum(dim=1) <= max_predictions  # at most max_predictions per row, like the masking
     labels[chosen] = ids[chosen]
     tt = torch.zeros((batch, seq), dtype=torch.long)
     tt[:, seq // 2 :] = 1
+    tt = tt * mask
     out = {
         "input_ids": ids,
         "token_type_ids": tt,
-        "attention_mask": torch.ones((batch, seq), dtype=torch.long),
+        "attention_mask": mask,
         "labels": labels,
         "next_sentence_label": torch.randint(0, 2, (batch,), generator=g),
     }
@@ -406,8 +517,10 @@ def probe_precision(
         },
         "theory_bytes_per_parameter": bytes_per_parameter(plan.name),
         "matmul_ops": ops[:15],
-        "cuda_kernels": cuda_kernels[:15],
+        "cuda_kernels": cuda_kernels[:25],
         "onednn_matmuls": onednn,
         "kernel_verdict": kernel_verdict(plan.name, device.type, onednn, cuda_kernels),
+        "cuda_kernel_check": cuda_kernel_verdict(plan.name, cuda_kernels) if device.type == "cuda" else None,
+        "batch_padding_fraction": 1.0 - float(batch["attention_mask"].float().mean()),
         "profiled_steps": max(1, steps),
     }

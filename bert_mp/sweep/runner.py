@@ -357,9 +357,20 @@ class Sweep:
                     continue
                 print(f"bert-mp sweep: profiling {g.name}/{r.precision} ...", flush=True)
                 torch.manual_seed(cfg.train.seed)
-                model = PretrainingModel(BertForPreTraining(bcfg), cfg.model.sparse_mlm_head).to(device)
+                model = PretrainingModel(
+                    BertForPreTraining(bcfg),
+                    cfg.model.sparse_mlm_head,
+                    max_predictions_per_seq=cfg.data.max_predictions_per_seq,
+                ).to(device)
                 model.model.set_attn_implementation(cfg.model.attn_implementation)
-                batch = synthetic_batch(bcfg.vocab_size, mb, seq, device, seed=cfg.train.seed)
+                batch = synthetic_batch(
+                    bcfg.vocab_size,
+                    mb,
+                    seq,
+                    device,
+                    seed=cfg.train.seed,
+                    max_predictions=cfg.data.max_predictions_per_seq,
+                )
                 plan = resolve_precision(r.precision, device, allow_emulated=cfg.hardware.allow_emulated)
                 result = probe_precision(model, batch, plan, steps=self.cfg.sweep.profile_steps)
                 result["batch"] = {"micro_batch_size": mb, "seq_length": seq, "synthetic": True}
