@@ -275,6 +275,9 @@ class LoopConfig:
     """Keep this many most recent checkpoints."""
     resume: Optional[str] = None
     """``latest`` or a checkpoint folder to resume from."""
+    overwrite_output_dir: bool = False
+    """Start over in an output_dir that already holds a run (its metrics, checkpoints and final/ are
+    removed first). Off: such a folder is an error unless the run resumes."""
     progress_bar: bool = True
     """Show a tqdm progress bar on the main process."""
 

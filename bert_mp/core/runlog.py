@@ -9,6 +9,7 @@ from typing import Any
 from bert_mp.core.callbacks import finite_or_none
 from bert_mp.core.config import config_to_dict, save_config
 from bert_mp.core.io import JsonlWriter, atomic_write_json, read_jsonl
+from bert_mp.core.run_guard import clear_run
 
 
 def clean(logs: dict) -> dict:
@@ -42,17 +43,25 @@ class RunLog:
         self.bar: Any = None
 
     def write_config(self) -> None:
-        """config.yaml: the resolved config, before any work."""
+        """config.yaml: the resolved config, before any work (an old run is cleared first when the
+        section says ``overwrite_output_dir``; :func:`bert_mp.core.run_guard.check_output_dir` has
+        refused every other reuse of the folder)."""
         if self.main:
+            if self.section.overwrite_output_dir and not self.section.resume:
+                clear_run(self.out)
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(self.cfg, self.out / "config.yaml")
+        self.accelerator.wait_for_everyone()
 
-    def open(self, resumed_step: int | None, rerun_eval_step: int | None = None) -> None:
+    def open(
+        self, resumed_step: int | None, rerun_eval_step: int | None = None, changes: dict | None = None
+    ) -> None:
         """Start metrics.jsonl, trackers and the progress bar.
 
         A resumed run keeps the rows up to its step, except an evaluation at ``rerun_eval_step``
         (the final one, which a resume from the last checkpoint runs and logs again). A checkpoint
-        copied without its metrics.jsonl resumes with a log that starts there.
+        copied without its metrics.jsonl resumes with a log that starts there. ``changes`` (a
+        resume's allowed config changes, ``key -> (old, new)``) become a ``config_change`` row.
         """
         if self.main:
             path = self.out / "metrics.jsonl"
@@ -67,6 +76,9 @@ class RunLog:
             self.writer = JsonlWriter(path)
             for r in kept:
                 self.writer.write(r)
+            if resumed_step is not None and changes:
+                row = {k: {"old": a, "new": b} for k, (a, b) in changes.items()}
+                self.writer.write({"step": resumed_step, "kind": "config_change", "changes": row})
         if self.log_with:
             self.accelerator.init_trackers("bert_mp", config=_flat_scalars(config_to_dict(self.cfg)))
 

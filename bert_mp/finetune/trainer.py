@@ -37,6 +37,7 @@ from bert_mp.core.io import looks_like_local_path
 from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
 from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.finetune.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
@@ -341,6 +342,7 @@ class FineTuner:
         from transformers import BertConfig
 
         ft = self.ft
+        self.config_changes = check_output_dir(self.cfg, ft)
         self.ckpt = resolve_checkpoint(ft.checkpoint)
         self.tok_ref = ft.tokenizer or self.ckpt
         self.tokenizer = load_tokenizer(self.tok_ref)
@@ -440,7 +442,8 @@ class FineTuner:
         self.resumed_from = self.checkpointer.restore(self.ft.resume, self.state)
 
     def start(self) -> None:
-        self.log.open(self.state.step if self.resumed_from else None)
+        self.log.open(self.state.step if self.resumed_from else None, changes=self.config_changes)
+        announce_resume(self.accelerator, "finetune", self.resumed_from, self.state.step, self.config_changes)
         self.log.start_bar(self.total_steps, self.state.step, "finetune")
         self.checkpointer.start_clock(self.state)
         self.model.train()

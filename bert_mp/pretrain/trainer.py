@@ -40,6 +40,7 @@ from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
 from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.errors import DataError, TrainingError
 from bert_mp.model.bert import (
@@ -85,6 +86,7 @@ class Trainer:
     def set_up(self) -> None:
         """Accelerator, batch geometry, data, config.yaml, then model, optimizer and scheduler."""
         tc = self.tc
+        self.config_changes = check_output_dir(self.cfg, tc)  # before any work
         self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
         self.accelerator = build_accelerator(self.plan, tc.output_dir, tc.log_with)
         world = self.accelerator.num_processes
@@ -186,7 +188,12 @@ class Trainer:
     def start(self) -> None:
         """Open the run log, start the callbacks, the clock and the progress bar."""
         acc, tc = self.accelerator, self.tc
-        self.log.open(self.state.step if self.resumed_from else None, rerun_eval_step=tc.max_steps)
+        self.log.open(
+            self.state.step if self.resumed_from else None,
+            rerun_eval_step=tc.max_steps,
+            changes=self.config_changes,
+        )
+        announce_resume(acc, "train", self.resumed_from, self.state.step, self.config_changes)
         self.ctx = TrainContext(
             cfg=self.cfg,
             device=acc.device,

@@ -36,6 +36,7 @@ from bert_mp.core.config import (
     save_config,
 )
 from bert_mp.core.io import atomic_write_json
+from bert_mp.core.run_guard import config_changes, describe_changes
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (
     BASE_CONFIG,
@@ -190,6 +191,14 @@ def run_action(run_dir: Path) -> str:
     return "resume" if run_dir.exists() else "fresh"
 
 
+def changed_since(run_dir: Path, cfg: Config) -> dict:
+    """What in ``cfg`` differs from the config the run in ``run_dir`` was trained with (none saved: {})."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return {}
+    return config_changes(OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), "train")
+
+
 def _last_error(log_path: Path) -> str:
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if log_path.is_file() else []
     errors = [ln for ln in lines if "error:" in ln.lower() or "Error" in ln]
@@ -295,16 +304,27 @@ class Sweep:
                     self.write_manifest()
                     continue
                 run_dir = self.root / r.dir
+                run_cfg, ovs = configs[(g.name, r.name)]
                 action = run_action(run_dir)
+                changed = changed_since(run_dir, run_cfg) if action != "fresh" else {}
+                if changed:
+                    # keyed by its resolved config: an earlier run of another config is not this run
+                    print(
+                        f"bert-mp sweep: {label}: config changed since the earlier run "
+                        f"({describe_changes(changed)}); training it again",
+                        flush=True,
+                    )
+                    action = "again"
                 if action == "keep":
                     prev = RunSummary.load(run_dir)
                     r.status, r.reason = prev.status, prev.error
                     print(f"bert-mp sweep: {label}: {r.status} earlier, kept", flush=True)
                     continue
                 r.resumed = action == "resume"
-                extra = ["train.resume=latest"] if r.resumed else []
-                _, ovs = configs[(g.name, r.name)]
-                cmd = launch_command(self.cfg, base_file, [*ovs, *extra], device.type == "cuda")
+                extra = {"resume": ["train.resume=latest"], "again": ["train.overwrite_output_dir=true"]}
+                cmd = launch_command(
+                    self.cfg, base_file, [*ovs, *extra.get(action, [])], device.type == "cuda"
+                )
                 print(f"bert-mp sweep: {label}: {'resuming' if r.resumed else 'training'} ...", flush=True)
                 _execute(r, cmd, run_dir)
                 tail = f" ({r.reason})" if r.reason else ""

@@ -1,0 +1,133 @@
+"""A run folder is never silently reused, and a resume never silently changes what is trained.
+
+Called before any work by every training loop (``train`` and ``finetune``):
+
+- an output folder that already holds a run (``metrics.jsonl``, ``summary.json``, ``checkpoints/``
+  or ``final/``) is an error unless the loop resumes (``<section>.resume``) or starts over on
+  purpose (``<section>.overwrite_output_dir=true``, which clears the old run's files first);
+- a resume compares the run's saved ``config.yaml`` with the new config: a key that changes what the
+  weights are (the model's shape, the data) is refused, ``config.yaml`` untouched; any other change
+  (precision, batch size, ``max_steps``, ...) is allowed, printed, and logged as a ``config_change``
+  row in ``metrics.jsonl`` at the step the run resumes from.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bert_mp.errors import ConfigError
+
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "final")
+"""What makes a folder hold a run (a folder with only config.yaml or a sweep's launch.log does not)."""
+CLEARED_ON_OVERWRITE = (*RUN_FILES, "trackers", "config.yaml")
+
+# Keys whose change makes the saved weights or optimizer state meaningless for the new run.
+_SHAPE_KEYS = {
+    "model": (
+        "preset",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "vocab_size",
+        "type_vocab_size",
+        "init_from",
+    ),
+    "finetune": ("checkpoint", "init", "task", "train_file", "hub_name", "hub_config", "label_column"),
+}
+_IGNORED = ("output_dir", "resume", "overwrite_output_dir", "progress_bar", "log_with")
+"""Keys that differ between launches of the same run by design."""
+
+
+def holds_run(folder: Path) -> list[str]:
+    """The run files in ``folder`` (empty: nothing to protect)."""
+    return [name for name in RUN_FILES if (Path(folder) / name).exists()]
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): d}
+
+
+_COMPARED = {"train": ("data", "model", "train", "hardware"), "finetune": ("finetune", "hardware")}
+"""The config sections a loop reads: only their changes matter to a resume."""
+
+
+def config_changes(old: dict, new: dict, section: str) -> dict[str, tuple[Any, Any]]:
+    """``key -> (old, new)`` for every leaf of the loop's sections that differs (launch-only keys ignored)."""
+    a, b = _flat(old), _flat(new)
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and k.split(".")[0] in _COMPARED[section] and k.split(".")[-1] not in _IGNORED
+    }
+
+
+def shape_changes(changes: dict[str, tuple[Any, Any]], section: str) -> list[str]:
+    """The changed keys a resume cannot take: the model's shape, the data, the fine-tuning task."""
+    keys = {f"model.{k}" for k in _SHAPE_KEYS["model"]} | {f"finetune.{k}" for k in _SHAPE_KEYS["finetune"]}
+    data_ok = ("data.num_proc", "data.cache_dir")  # where and how fast it is prepared, not what
+    return [k for k in changes if k in keys or (k.startswith("data.") and k not in data_ok)]
+
+
+def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
+    """Before any work: refuse a silent reuse of ``section.output_dir``; returns a resume's allowed changes."""
+    from omegaconf import OmegaConf
+
+    from bert_mp.core.config import config_to_dict
+
+    name = section.SECTION
+    out = Path(section.output_dir)
+    found = holds_run(out)
+    if not section.resume:
+        if found and not section.overwrite_output_dir:
+            raise ConfigError(
+                f"{name}.output_dir={out} already holds a run ({', '.join(found)}); continue it with "
+                f"{name}.resume=latest, or start over with {name}.overwrite_output_dir=true"
+            )
+        return {}
+    saved = out / "config.yaml"
+    if not saved.is_file():
+        return {}
+    old = OmegaConf.to_container(OmegaConf.load(saved))
+    changes = config_changes(old, config_to_dict(cfg), name)
+    refused = shape_changes(changes, name)
+    if refused:
+        shown = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused[:3])
+        raise ConfigError(
+            f"{name}.resume: the run in {out} was trained with other weights or data ({shown}); "
+            f"resume with its config ({saved}), or start a new run in another {name}.output_dir"
+        )
+    return changes
+
+
+def clear_run(folder: Path) -> None:
+    """``overwrite_output_dir``: remove an old run's files so nothing of it mixes with the new one."""
+    for name in CLEARED_ON_OVERWRITE:
+        path = Path(folder) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+
+
+def announce_resume(accelerator: Any, command: str, folder: str | None, step: int, changes: dict) -> None:
+    """One console line for a resume (and one for its config changes), on the main process."""
+    if folder is None or not accelerator.is_main_process:
+        return
+    print(f"bert-mp {command}: resuming from step {step} (checkpoint {folder})", flush=True)
+    if changes:
+        print(
+            f"bert-mp {command}: config changed since the checkpoint: {describe_changes(changes)}", flush=True
+        )
