@@ -25,6 +25,9 @@ class Checkpointer:
         self.every, self.total_limit, self.max_steps = cfg.save_every, cfg.save_total_limit, max_steps
         self.resume_key = f"{cfg.SECTION}.resume"
         self.callbacks = list(callbacks)
+        self.meta: dict = {}
+        """Facts saved with every checkpoint (e.g. the data fingerprint); a restore reads them back."""
+        self.restored_meta: dict = {}
         self._clock: tuple[float, float] = (time.perf_counter(), 0.0)
 
     def restore(self, resume: str | None, state: LoopState) -> str | None:
@@ -41,6 +44,7 @@ class Checkpointer:
                 )
             else:
                 payload = ckpt.load_checkpoint(self.accelerator, folder)
+                self.restored_meta = payload.get("meta", {})
                 state.load_state_dict(payload)
                 for i, cb in enumerate(self.callbacks):
                     saved = payload.get("callbacks", {}).get(f"{i}:{type(cb).__name__}")
@@ -70,4 +74,5 @@ class Checkpointer:
             for i, cb in enumerate(self.callbacks)
             if hasattr(cb, "state_dict")
         }
+        payload["meta"] = self.meta
         return ckpt.save_checkpoint(self.accelerator, self.dir, state.step, payload, self.total_limit)

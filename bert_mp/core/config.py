@@ -344,6 +344,9 @@ class TrainConfig(LoopConfig):
     """Relative MLM-loss deviation (smoothed) beyond which the parity callback reacts."""
     parity_action: str = "warn"
     """warn | stop when the run leaves the parity band."""
+    allow_data_change: bool = False
+    """Resume although the prepared data's fingerprint differs from the checkpoint's (e.g. after
+    ``bert-mp prepare --force`` retrained the tokenizer). Off: such a resume is refused."""
 
     def validate(self) -> None:
         super().validate()

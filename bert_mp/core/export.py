@@ -86,7 +86,10 @@ def pretraining_facts(cfg: Any, steps: int, precision: str, final_eval: dict | N
         "precision": precision,
         "eval MLM loss": f"{ev['eval/loss_mlm']:.4f}" if "eval/loss_mlm" in ev else None,
         "eval MLM accuracy": f"{ev['eval/accuracy_mlm']:.3f}" if "eval/accuracy_mlm" in ev else None,
-        "eval NSP accuracy": f"{ev['eval/accuracy_nsp']:.3f}" if "eval/accuracy_nsp" in ev else None,
+        "eval NSP accuracy": f"{ev['eval/accuracy_nsp']:.3f}"
+        if ev.get("eval/accuracy_nsp") is not None
+        else None,
+        "data fingerprint": data.get("fingerprint"),
     }
 
 
@@ -167,7 +170,10 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
     dest = Path(out) if out else run / f"export-{folder.name}"
     model.save_pretrained(dest, safe_serialization=True)
     tokenizer.save_pretrained(dest)
-    facts = pretraining_facts(cfg, step, cfg.train.precision, None, {})
+    meta = json.loads((folder / ckpt.LOOP_STATE).read_text(encoding="utf-8")).get("meta", {})
+    facts = pretraining_facts(
+        cfg, step, cfg.train.precision, None, {"fingerprint": meta.get("data_fingerprint")}
+    )
     facts["checkpoint"] = f"{folder.name} of {run.name} (exported with bert-mp export)"
     finish_hf_folder(dest, "pretraining", bcfg.max_position_embeddings, facts)
     return dest

@@ -39,6 +39,7 @@ from bert_mp.data.corpus import (
     merge_read_stats,
     resolve_paths,
 )
+from bert_mp.data.fingerprint import folder_fingerprint
 from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
 from bert_mp.data.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
 from bert_mp.data.segment import build_marker, split_marked_tokens
@@ -761,6 +762,8 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         tmp.mkdir()
         stats = _build(cfg, tmp, force)
         stats["warnings"] = _warnings(stats)
+        stats["fingerprint"] = folder_fingerprint(tmp)
+        _say_if_rebuilt_differently(final, stats["fingerprint"])
         save_config(data_only(cfg), tmp / "config.yaml")
         atomic_write_json(tmp / "stats.json", stats)
         (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
@@ -774,6 +777,20 @@ def prepare(cfg: Config, force: bool = False) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     print_summary(stats, final)
     return final
+
+
+def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:
+    """``--force`` over a folder whose bytes change: runs trained on it must hear of it."""
+    old_stats = final / "stats.json"
+    if not old_stats.is_file():
+        return
+    old = json.loads(old_stats.read_text(encoding="utf-8")).get("fingerprint")
+    if old and old != fingerprint:
+        print(
+            f"bert-mp prepare: warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
+            "runs trained on the old data refuse to resume on it unless train.allow_data_change=true",
+            flush=True,
+        )
 
 
 def data_only(cfg: Config) -> Config:

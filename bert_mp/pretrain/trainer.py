@@ -148,12 +148,21 @@ class Trainer:
         set_seed(tc.seed + acc.process_index)  # dropout streams differ per rank
         self.callbacks = build_callbacks(cfg)
         self.checkpointer = Checkpointer(acc, tc, tc.max_steps, self.callbacks)
+        self.checkpointer.meta = {"data_fingerprint": self.data.stats.get("fingerprint")}
         self.guard = NumericsGuard.for_loop(tc, self.scaler, warmup_key="warmup_steps")
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:
         """Model, optimizer, scheduler, scaler, RNG, loop and callback state from ``train.resume``."""
         self.resumed_from = self.checkpointer.restore(self.tc.resume, self.state)
+        trained_on = self.checkpointer.restored_meta.get("data_fingerprint")
+        now = self.checkpointer.meta["data_fingerprint"]
+        if trained_on and now and trained_on != now and not self.tc.allow_data_change:
+            raise TrainingError(
+                f"train.resume: {self.resumed_from} was trained on data with fingerprint {trained_on}, but "
+                f"{self.data.path} now holds {now} (rebuilt, e.g. by prepare --force); prepare the original "
+                "data again, or set train.allow_data_change=true to continue on the new data"
+            )
 
     def build_loader(self) -> None:
         """Micro-batches from the checkpointed data position on, collated (and masked) by key."""
@@ -236,6 +245,7 @@ class Trainer:
             },
             "data": {
                 "path": str(getattr(self.data, "path", "")),
+                "fingerprint": self.data.stats.get("fingerprint"),
                 "train_examples": len(self.train_ds),
                 "validation_examples": len(self.val_ds),
             },
