@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from _train_data import tiny_config
@@ -44,8 +45,7 @@ def test_resume_on_rebuilt_data_is_refused_naming_both_fingerprints(prepared_cfg
     summary = train(cfg)
     trained_on = summary["data"]["fingerprint"]
     assert trained_on == json.loads((path / "stats.json").read_text())["fingerprint"]
-    card = cfg.train.output_dir + "/final/README.md"
-    assert trained_on in open(card).read()
+    assert trained_on in (Path(cfg.train.output_dir) / "final" / "README.md").read_text()
     # the folder is rebuilt with other bytes under the same key (prepare --force, new WordPiece ids)
     stats = json.loads((path / "stats.json").read_text())
     atomic_write_json(path / "stats.json", {**stats, "fingerprint": "0" * 32})
