@@ -235,6 +235,7 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test" in proc.stdout and "macro-F1" in proc.stdout
+    assert "bert-mp finetune: step 6 validation: loss" in proc.stdout  # printed when computed
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 4 * 6

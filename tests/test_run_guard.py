@@ -71,6 +71,7 @@ def test_resume_records_and_prints_allowed_changes(finished, capsys):
     }
     out = capsys.readouterr().out
     assert "bert-mp train: resuming from step 3 (checkpoint" in out and "train.max_steps: 3 -> 5" in out
+    assert "bert-mp train: step 5 eval: MLM loss" in out  # evaluations are printed when computed
 
 
 def test_which_changes_a_resume_refuses():

@@ -104,6 +104,15 @@ class RunLog:
                 self.bar.set_postfix(refresh=False, **postfix)
             self.bar.update(advance)
 
+    def say(self, line: str) -> None:
+        """One console line on the main process, above the progress bar when there is one."""
+        if not self.main:
+            return
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
     def close_bar(self) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -529,6 +529,10 @@ class FineTuner:
         self.log.write(
             {"step": step, "kind": "eval", "epoch": step / self.steps_per_epoch, **_log_view("validation", m)}
         )
+        self.log.say(
+            f"bert-mp finetune: step {step} validation: loss {_fmt(m['loss'])}, accuracy {_fmt(m['accuracy'])}, "
+            f"macro-F1 {_fmt(m['macro_f1'])}"
+        )
         self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
 
     def save(self) -> Path:

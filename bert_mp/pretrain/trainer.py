@@ -325,6 +325,12 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_eval_end(self.state, logs)
         self.log.write(logs)
+        nsp = logs.get("eval/accuracy_nsp")
+        self.log.say(
+            f"bert-mp train: step {self.state.step} eval: MLM loss {logs['eval/loss_mlm']:.4f}, "
+            f"MLM accuracy {logs['eval/accuracy_mlm']:.3f}"
+            + (f", NSP accuracy {nsp:.3f}" if nsp is not None else "")
+        )
         self.log.track(logs, self.state.step)
         return logs
 
