@@ -74,7 +74,12 @@ def test_resume_mid_epoch_in_fresh_process_is_bit_identical(tmp_path):
         return [
             (r["step"], r["kind"], r.get("loss/total"), r.get("eval/loss_mlm"))
             for r in read_jsonl(tmp_path / run / "metrics.jsonl")
+            if r["kind"] in ("train", "eval")
         ]
+
+    # the stop-at-step callback of the first part is gone on resume: a recorded config change
+    changes = [r for r in read_jsonl(tmp_path / "parts" / "metrics.jsonl") if r["kind"] == "config_change"]
+    assert [(r["step"], list(r["changes"])) for r in changes] == [(7, ["train.callbacks"])]
 
     assert losses("straight") == losses("parts")  # exact float equality, every step
     assert len(losses("straight")) == 13
