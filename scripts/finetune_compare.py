@@ -46,7 +46,8 @@ def _run(cmd: list[str]) -> float:
 def pretrain(config: str, out: Path, overrides: list[str]) -> dict:
     """``bert-mp prepare`` + ``bert-mp train`` into ``out``; what ran and how long it took."""
     bert_mp = [sys.executable, "-m", "bert_mp"]
-    ov = [f"train.output_dir={out}", *overrides]
+    # a re-run of this script replaces its own earlier runs
+    ov = [f"train.output_dir={out}", "train.overwrite_output_dir=true", *overrides]
     prepare_s = _run([*bert_mp, "prepare", config, *ov])
     train_s = _run([*bert_mp, "train", config, *ov])
     return {
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"finetune.init={init}",
                 f"finetune.seed={seed}",
                 f"finetune.output_dir={out / f'{init}_seed{seed}'}",
+                "finetune.overwrite_output_dir=true",
                 "finetune.progress_bar=false",
                 *args.finetune_override,
             ]
