@@ -342,7 +342,8 @@ def test_unseen_validation_labels_counted_or_refused(tmp_path, ckpt):
     assert s["validation"]["examples"] == 12
     assert s["validation"]["accuracy"] <= 8 / 12  # the 4 unseen ones can never be right
     assert "unseen:2" in s["validation"]["per_class_f1"]
-    cfg = load_config(None, _overrides(ckpt, tmp_path, validation_file=val, unseen_labels="error"))
+    again = _overrides(ckpt, tmp_path, validation_file=val, unseen_labels="error", overwrite_output_dir=True)
+    cfg = load_config(None, again)
     with pytest.raises(DataError, match="never seen in train: 'river' x4"):
         run_finetune(cfg)
 
