@@ -103,6 +103,47 @@ def _mark_rule(text: str, marker: str) -> tuple[str, int]:
     return marked + marker, len(parts) // 2 + m + 1
 
 
+_DOC_DELIMITER = "\x00"
+
+
+def mark_documents(texts: list[str], marker: str, lines: bool = False) -> tuple[list[str], list[int]]:
+    """``[_mark_rule(t, marker) for t in texts]`` (or the line form) in one pass over the joined text.
+
+    The documents are joined with NUL, which is neither whitespace nor a word character: no rule
+    boundary, abbreviation look-behind or blank-line match can span it, so every document is marked
+    exactly as alone - one regular-expression pass per block instead of one call per document,
+    which dominates marking on corpora of short documents. Texts that contain NUL or the marker
+    are marked one by one. ``lines``: the line form (:func:`mark_lines`). Returns the marked texts
+    and the number of markers in each.
+    """
+    one = mark_lines if lines else _mark_rule
+    if not texts:
+        return [], []
+    joined = _DOC_DELIMITER.join(map(str.strip, texts))
+    if _DOC_DELIMITER in marker or joined.count(_DOC_DELIMITER) != len(texts) - 1 or marker in joined:
+        marked, counts = zip(*(one(t, marker) for t in texts), strict=True)
+        return list(marked), list(counts)
+    if lines:
+        big = joined.replace("\n", marker)
+    else:
+        parts = _SENTENCE_END_RE.split(joined)
+        big = marker.join([*map(operator.add, parts[0:-1:2], parts[1::2]), parts[-1]])
+        big = _BLANK_RE.sub(marker.replace("\\", "\\\\"), big)
+    marked = big.replace(_DOC_DELIMITER, marker + _DOC_DELIMITER).split(_DOC_DELIMITER)
+    marked[-1] += marker
+    return marked, [m.count(marker) for m in marked]
+
+
+def mark_lines(text: str, marker: str) -> tuple[str, int]:
+    """``text`` with ``marker`` after every line (Google's input format: a line is a sentence).
+
+    Lines are not re-split; leading and trailing whitespace of the document is dropped, and a
+    document never holds a blank line (blank lines separate documents when it is read).
+    """
+    stripped = text.strip()
+    return stripped.replace("\n", marker) + marker, stripped.count("\n") + 1
+
+
 def _optional_splitter(name: str) -> Callable[[str], list[str]]:
     if name == "nltk":
         try:
