@@ -361,7 +361,8 @@ class _BlockPairer:
             "pair" if self.nsp else "pack": times[3] - times[2],
             "build_and_mask": times[4] - times[3],
         }
-        atomic_write_json(self.stats_dir / f"{split}_{block:08d}.json", st)
+        # a scratch file read once the map is done (a crash discards the whole work folder): no fsync
+        (self.stats_dir / f"{split}_{block:08d}.json").write_text(json.dumps(st), encoding="utf-8")
         return table
 
     def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):

@@ -52,14 +52,26 @@ Marker = Callable[[str, str], tuple[str, int]]
 
 
 def _cut_overlong(sentence: str, max_chars: int) -> list[str]:
-    """Cut a piece longer than ``max_chars`` at whitespace (hard cut when there is none)."""
+    """Cut a piece longer than ``max_chars`` at whitespace (hard cut when there is none).
+
+    The last cut splits what is left into two halves of about equal length rather than a full
+    piece and a tail, so a cut never leaves a short tail such as a lone ".".
+    """
     out = []
     while len(sentence) > max_chars:
-        cut = max(
-            sentence.rfind(" ", max_chars // 2, max_chars), sentence.rfind("\n", max_chars // 2, max_chars)
-        )
-        if cut <= 0:
-            cut = max_chars
+        if len(sentence) <= 2 * max_chars:
+            lo, mid, hi = len(sentence) - max_chars, len(sentence) // 2, max_chars
+            before = max(sentence.rfind(" ", lo, mid), sentence.rfind("\n", lo, mid))
+            after = [i for i in (sentence.find(" ", mid, hi), sentence.find("\n", mid, hi)) if i >= 0]
+            options = [i for i in (before, min(after, default=-1)) if i > 0]
+            cut = min(options, key=lambda i: abs(i - mid)) if options else mid
+        else:
+            cut = max(
+                sentence.rfind(" ", max_chars // 2, max_chars),
+                sentence.rfind("\n", max_chars // 2, max_chars),
+            )
+            if cut <= 0:
+                cut = max_chars
         out.append(sentence[:cut].rstrip())
         sentence = sentence[cut:].lstrip()
     if sentence:
@@ -196,7 +208,7 @@ def split_marked_tokens(
 
     Returns ``(flat, lengths, document, empty, cut)``: all sentence tokens in order without the
     markers, the length of each sentence and its document's position in ``ids``, the number of
-    sentences without tokens (dropped) and the number cut into pieces of ``max_tokens`` (a
+    sentences without tokens (dropped) and the number cut into pieces of at most ``max_tokens`` (a
     sentence longer than a whole example would otherwise lose everything past its first piece).
     """
     doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
@@ -216,9 +228,13 @@ def split_marked_tokens(
     lengths = marker_pos - starts
     document = np.searchsorted(doc_ends, marker_pos, side="right")
     pieces = (lengths + max_tokens - 1) // max_tokens  # 0 for an empty sentence
-    piece_len = np.full(int(pieces.sum()), max_tokens, dtype=np.int64)
     has = pieces > 0
-    piece_len[np.cumsum(pieces[has]) - 1] = lengths[has] - (pieces[has] - 1) * max_tokens
+    # a sentence longer than max_tokens is cut into k pieces of near-equal length (the first
+    # L % k one token longer), so no piece is a short tail such as a lone "."
+    k, length = pieces[has], lengths[has]
+    piece_len = np.repeat(length // k, k)
+    within = np.arange(piece_len.size) - np.repeat(np.cumsum(k) - k, k)
+    piece_len += within < np.repeat(length % k, k)
     return (
         flat[~is_marker],
         piece_len,

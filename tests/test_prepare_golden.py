@@ -105,7 +105,7 @@ GOLDEN = {
     "mixed": "39ec998c5c3549164b2dc52b6ff1a290d3b59fa67e066bedebc8bd0d7a03c502",
     "mixed-static-dupe": "504a3a40d01950145c78e4b8824e88cfb4309ec5326120983708f5d97addbdfb",
     "short": "9d1c6f67ed53c3bc4b8d5642f802ce62fc147a9190dc192567b903cb41ddef0f",
-    "long-wwm-static": "2ab4e362731d348b053ac155a1b40718c104f3d1faa5617d5514db8dad8a89f1",
+    "long-wwm-static": "544f0db9bea2b56ecb2fdb19241ba01fe1b75d4cc64a03f61d23b1c57bdbe8d9",
 }
 
 

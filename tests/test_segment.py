@@ -110,3 +110,15 @@ def test_split_marked_tokens():
     assert (empty, cut) == (2, 1)
     with pytest.raises(DataError, match="does not keep its"):
         split_marked_tokens([[10, 11]], m, 4)
+
+
+def test_cutting_an_overlong_sentence_leaves_no_lone_punctuation():
+    # characters: the last cut halves what is left instead of leaving the final "."
+    out = split_sentences("word " * 30 + ".", max_chars=150)
+    assert all(any(c.isalnum() for c in s) for s in out) and all(len(s) <= 150 for s in out)
+    # tokens: one token over the limit is two near-equal pieces, not max_tokens + a lone "." (id 9)
+    m = 3
+    flat, lengths, _, _, cut = split_marked_tokens([[*range(10, 10 + 125), 9, m]], m, max_tokens=125)
+    assert cut == 1 and lengths.tolist() == [63, 63] and flat.tolist()[-1] == 9
+    _, lengths, _, _, _ = split_marked_tokens([[*([10] * 251), m]], m, max_tokens=125)
+    assert lengths.tolist() == [84, 84, 83]
