@@ -146,6 +146,10 @@ class PretrainingModel(nn.Module):
 
     ``forward`` returns fp32 scalars: ``mlm_loss_sum`` (cross-entropy summed over masked tokens),
     ``mlm_correct``, ``mlm_count``, ``nsp_loss_sum``, ``nsp_correct``, ``nsp_count``.
+
+    Without ``next_sentence_label`` (data prepared with ``objective=mlm``) no NSP loss is computed:
+    ``nsp_count`` is 0 and ``nsp_loss_sum`` is ``0 * logits.sum()``, which keeps the NSP head and the
+    pooler in the graph with zero gradients, so DDP sees every parameter used in every step.
     """
 
     def __init__(self, model: BertForPreTraining, sparse_mlm_head: bool = True):
@@ -159,7 +163,7 @@ class PretrainingModel(nn.Module):
         token_type_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
-        next_sentence_label: torch.Tensor,
+        next_sentence_label: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         out = self.model.bert(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
@@ -180,6 +184,16 @@ class PretrainingModel(nn.Module):
         valid = targets != -100
         mlm_correct = ((logits.argmax(-1) == targets) & valid).sum()
         nsp_logits = heads.seq_relationship(pooled).float()
+        if next_sentence_label is None:
+            zero = nsp_logits.sum() * 0.0
+            return {
+                "mlm_loss_sum": mlm_loss_sum,
+                "mlm_correct": mlm_correct.float(),
+                "mlm_count": valid.sum().float(),
+                "nsp_loss_sum": zero,
+                "nsp_correct": zero.detach(),
+                "nsp_count": zero.detach(),
+            }
         nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum")
         return {
             "mlm_loss_sum": mlm_loss_sum,

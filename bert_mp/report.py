@@ -496,6 +496,11 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
         f"smoothed MLM loss more than {rules.divergence_rel:.0%} from fp32 at any step. Train checks use the "
         "mean deviation over all steps, eval checks the final evaluation.",
     ]
+    if dcfg.get("objective") == "mlm":
+        overview.append(
+            "Objective `mlm`: packed sequences without NSP labels; NSP is not used (no NSP loss is "
+            "trained), so the NSP checks and columns are n/a."
+        )
     sections.append(("Overview", overview))
 
     for group in groups:

@@ -192,9 +192,9 @@ def evaluate(model: Any, val_ds: Any, collator: Any, cfg: Config, accelerator: A
     mlm = s[0] / max(s[2], 1.0)
     return {
         "eval/loss_mlm": mlm,
-        "eval/loss_nsp": s[3] / max(s[5], 1.0),
+        "eval/loss_nsp": s[3] / s[5] if s[5] else None,  # None: no NSP labels (objective=mlm)
         "eval/accuracy_mlm": s[1] / max(s[2], 1.0),
-        "eval/accuracy_nsp": s[4] / max(s[5], 1.0),
+        "eval/accuracy_nsp": s[4] / s[5] if s[5] else None,
         "eval/perplexity": math.exp(min(mlm, 80.0)),
         "eval/masked_tokens": int(s[2]),
     }
@@ -535,7 +535,7 @@ def train(cfg: Config, data: Any = None) -> dict:
                         tokens=int(totals[6]),
                         padded_tokens=int(totals[7]),
                         attention_flops_tokens=totals[8],
-                        sequences=int(s["nsp_count"]),
+                        sequences=int(n_seqs),
                         lr=lr,
                         grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                         step_time_s=now - t_prev,
