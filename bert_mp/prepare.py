@@ -13,6 +13,7 @@ that would be reused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -412,6 +413,15 @@ def first_occurrences(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 _docs_read: Any = None  # a shared counter of documents read, for the parent's progress bar
 
 
+class _LocalCounter:
+    """``mp.Value``'s interface (``value``, ``get_lock()``) for a counter used in one process."""
+
+    value = 0
+
+    def get_lock(self) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+
 def _init_reader(counter: Any) -> None:
     global _docs_read
     _docs_read = counter
@@ -480,7 +490,9 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
         jobs = min(data.num_proc, len(paths)) if data.max_documents is None else 1
         groups = _file_groups(paths, jobs) if jobs > 1 else [[str(p) for p in paths]]
     outs = [str(out_dir / f"part-{i:05d}.arrow") for i in range(len(groups))]
-    counter = mp.Value("q", 0)
+    # a shared counter only where other processes read (a lock-free one otherwise: no import of
+    # multiprocessing's synchronisation machinery, a tenth of a second, for one reader)
+    counter = mp.Value("q", 0) if len(groups) > 1 else _LocalCounter()
     with tqdm(desc="reading documents", unit=" docs", dynamic_ncols=True) as bar:
         if len(groups) == 1:
             _init_reader(counter)

@@ -435,6 +435,7 @@ def main() -> None:
                 }
                 trial = {
                     "order": list(order),
+                    "load_average_1min": os.getloadavg()[0],
                     "tokenize_only": tok,
                     "prepare": prep,
                     "ratio": prep["tokens_per_sec"] / tok["tokens_per_sec"],
