@@ -48,27 +48,105 @@ def parse_size(text: str) -> int:
     return int(t)
 
 
-def write_corpus(folder: Path, size: int) -> list[Path]:
-    """The built-in corpus, paragraph breaks folded into line breaks, repeated into ~2 MB files."""
-    from bert_mp.data.builtin_corpus import builtin_documents
+SHAPES = {
+    # name: (what it is, data.* overrides prepare runs with)
+    "builtin": ("built-in documents (a module's docstrings each), paragraphs folded into lines", ()),
+    "short": ("many short documents of ~50 tokens (2-3 sentences), blank-line separated", ()),
+    "long": ("few very long documents (one per ~1.3 MB file, no blank line inside)", ()),
+    "line": (
+        "Google's format: one sentence per line, blank line between documents",
+        ("data.documents=line",),
+    ),
+    "books": ("~140 KB book files of verse and prose: many short paragraphs", ()),
+    "books-file": ("the books corpus read with one file = one document", ("data.documents=file",)),
+}
+"""Corpus shapes, all generated locally from the built-in corpus (offline, the same text on every run)."""
 
-    marker = folder / f"COMPLETE-{size}"
+BOOK_BYTES = 140_000
+LONG_BYTES = 1_300_000
+
+
+def _shape_source(shape: str) -> str:
+    return "books" if shape == "books-file" else shape
+
+
+def _builtin_sentences() -> list[list[str]]:
+    """The built-in documents as lists of sentences (rule splitter), newlines folded to spaces."""
+    from bert_mp.data.builtin_corpus import builtin_documents
+    from bert_mp.data.segment import split_sentences
+
+    out = []
+    for d in builtin_documents():
+        sents = [" ".join(s.split()) for s in split_sentences(d["text"])]
+        sents = [s for s in sents if len(s.split()) >= 2]
+        if sents:
+            out.append(sents)
+    return out
+
+
+def _shape_units(shape: str, docs: list[list[str]]):
+    """Endless stream of the shape's units: (text, separator after it) in bytes."""
+    import itertools
+
+    if shape == "builtin":
+        from bert_mp.data.builtin_corpus import builtin_documents
+
+        texts = [d["text"].replace("\n\n", "\n").strip() for d in builtin_documents()]
+        for t in itertools.cycle(texts):
+            yield t.encode("utf-8") + b"\n\n"
+    elif shape == "short":
+        words = 0
+        doc: list[str] = []
+        for s in itertools.cycle(itertools.chain.from_iterable(docs)):
+            doc.append(s)
+            words += len(s.split())
+            if words >= 30:  # ~50 WordPiece tokens of this prose
+                yield " ".join(doc).encode("utf-8") + b"\n\n"
+                doc, words = [], 0
+    elif shape == "line":
+        for d in itertools.cycle(docs):
+            yield "\n".join(d).encode("utf-8") + b"\n\n"
+    elif shape == "long":
+        # sentences run on, a line break every few of them, never a blank line
+        for i, s in enumerate(itertools.cycle(itertools.chain.from_iterable(docs))):
+            yield s.encode("utf-8") + (b"\n" if i % 4 == 3 else b" ")
+    elif shape == "books":
+        # stanzas of four short lines (verse) alternating with prose paragraphs of 1-3 sentences
+        sents = itertools.cycle(itertools.chain.from_iterable(docs))
+        k = 0
+        while True:
+            k += 1
+            if k % 2:
+                words = " ".join(next(sents) for _ in range(2)).split()
+                lines = [" ".join(words[i : i + 7]) for i in range(0, min(len(words), 28), 7)]
+                yield "\n".join(lines).encode("utf-8") + b"\n\n"
+            else:
+                yield " ".join(next(sents) for _ in range(1 + k % 3)).encode("utf-8") + b"\n\n"
+    else:
+        raise SystemExit(f"unknown shape {shape!r} (one of {', '.join(SHAPES)})")
+
+
+def write_corpus(folder: Path, size: int, shape: str = "builtin") -> list[Path]:
+    """The corpus of ``shape``, ~``size`` bytes, as text files (cached by a marker file)."""
+    shape = _shape_source(shape)
+    marker = folder / f"COMPLETE-{shape}-{size}"
     if marker.exists():
         return sorted(folder.glob("part-*.txt"))
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("part-*.txt"):
+    for old in [*folder.glob("part-*.txt"), *folder.glob("COMPLETE-*")]:
         old.unlink()
-    docs = [d["text"].replace("\n\n", "\n").strip().encode("utf-8") + b"\n\n" for d in builtin_documents()]
-    written, part, buf = 0, 0, []
-    i = 0
-    while written < size:
-        doc = docs[i % len(docs)]
-        buf.append(doc)
-        written += len(doc)
-        i += 1
-        if sum(map(len, buf)) >= FILE_BYTES or written >= size:
-            (folder / f"part-{part:05d}.txt").write_bytes(b"".join(buf))
-            part, buf = part + 1, []
+    per_file = {"books": BOOK_BYTES, "long": LONG_BYTES}.get(shape, FILE_BYTES)
+    docs = _builtin_sentences() if shape != "builtin" else []
+    written, part, buf, buf_bytes = 0, 0, [], 0
+    for unit in _shape_units(shape, docs):
+        buf.append(unit)
+        buf_bytes += len(unit)
+        written += len(unit)
+        if buf_bytes >= per_file or written >= size:
+            (folder / f"part-{part:05d}.txt").write_bytes(b"".join(buf).rstrip(b" ") + b"\n")
+            part, buf, buf_bytes = part + 1, [], 0
+            if written >= size:
+                break
     marker.write_text("")
     return sorted(folder.glob("part-*.txt"))
 
@@ -170,13 +248,17 @@ def _init_worker(tokenizer_path: str) -> None:
     _ENCODER = encoder(AutoTokenizer.from_pretrained(tokenizer_path))
 
 
-def _encode_file(path: str) -> tuple[int, float]:
-    """Tokens of one file and the CPU seconds it took (this worker's process time)."""
+def _encode_file(path: str, whole_file: bool = False) -> tuple[int, float]:
+    """Tokens of one file and the CPU seconds it took (this worker's process time).
+
+    The file's documents as prepare reads them: the text between blank lines, or (``whole_file``,
+    data.documents=file) the whole file as one input.
+    """
     from bert_mp.data.corpus import _BLANK_LINE
 
     c0 = time.process_time()
     text = Path(path).read_text(encoding="utf-8")
-    docs = [d for d in _BLANK_LINE.split(text) if d.strip()]
+    docs = [text] if whole_file else [d for d in _BLANK_LINE.split(text) if d.strip()]
     tokens = 0
     for lo in range(0, len(docs), 256):
         encodings = _ENCODER.encode_batch_fast(docs[lo : lo + 256], add_special_tokens=False)
@@ -194,11 +276,13 @@ def _ready(_: int) -> bool:
     return _ENCODER is not None
 
 
-def child_tokenize(files: list[str], tokenizer: str, num_proc: int) -> dict:
+def child_tokenize(files: list[str], tokenizer: str, num_proc: int, whole_file: bool = False) -> dict:
+    from functools import partial
+
     with Pool(num_proc, initializer=_init_worker, initargs=(tokenizer,)) as pool:
         assert all(pool.map(_ready, range(num_proc * 4), chunksize=1))  # workers started: not timed
         t0 = time.perf_counter()
-        per_file = list(pool.imap_unordered(_encode_file, files))
+        per_file = list(pool.imap_unordered(partial(_encode_file, whole_file=whole_file), files))
         wall = time.perf_counter() - t0
     tokens, cpu = sum(t for t, _ in per_file), sum(c for _, c in per_file)
     return {
@@ -238,8 +322,13 @@ def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: st
         path = prepare(cfg, force=True)
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0  # map workers are reaped by now
     stats = json.loads((path / "stats.json").read_text())
+    train = stats["per_split"]["train"]
     return {
         "tokens": stats["tokens"],
+        "mean_example_length": train["mean_length"],
+        "padding_fraction_at_max_seq_length": train["padding_fraction_at_max_seq_length"],
+        "length_histogram": train["length_histogram"],
+        "documents": train["documents"],
         "seconds": wall,
         "cpu_seconds": cpu,
         "tokens_per_sec": stats["tokens"] / wall,
@@ -252,7 +341,9 @@ def child_prepare(files: list[str], tokenizer: str, num_proc: int, cache_dir: st
     }
 
 
-def run_child(kind: str, args: argparse.Namespace, files: list[Path], tokenizer: Path, num_proc: int) -> dict:
+def run_child(
+    kind: str, args: argparse.Namespace, files: list[Path], tokenizer: Path, num_proc: int, extra: list[str]
+) -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -266,7 +357,7 @@ def run_child(kind: str, args: argparse.Namespace, files: list[Path], tokenizer:
         str(tokenizer),
         "--workdir",
         str(args.workdir),
-        *(["--extra", *args.extra] if args.extra else []),
+        *(["--extra", *extra] if extra else []),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -276,7 +367,15 @@ def run_child(kind: str, args: argparse.Namespace, files: list[Path], tokenizer:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="50MB", help="corpus size, e.g. 50MB or 5GB")
+    p.add_argument("--size", default="50MB", help="corpus size per shape, e.g. 13MB, 50MB or 5GB")
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        default=["builtin"],
+        choices=list(SHAPES),
+        help="corpus shapes to measure, each generated locally: "
+        + "; ".join(f"{k}: {v[0]}" for k, v in SHAPES.items()),
+    )
     p.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--workdir", type=Path, default=Path("runs/bench/prepare_work"))
@@ -297,7 +396,8 @@ def main() -> None:
     if args.child:
         files = json.loads(args.child_files)
         if args.child == "tokenize":
-            res = child_tokenize(files, args.child_tokenizer, args.child_num_proc)
+            whole_file = "data.documents=file" in args.extra
+            res = child_tokenize(files, args.child_tokenizer, args.child_num_proc, whole_file)
         else:
             cache = str(args.workdir / "cache")
             res = child_prepare(files, args.child_tokenizer, args.child_num_proc, cache, args.extra)
@@ -305,52 +405,79 @@ def main() -> None:
         return
 
     size = parse_size(args.size)
-    files = write_corpus(args.workdir / "corpus", size)
-    corpus_bytes = sum(f.stat().st_size for f in files)
     tokenizer = ensure_tokenizer(args.workdir / "tokenizer", args.vocab_size)
-    print(f"corpus: {len(files)} files, {corpus_bytes / 1e6:.1f} MB; tokenizer: {tokenizer}", flush=True)
+    corpora = {}
+    for shape in args.shapes:
+        source = _shape_source(shape)
+        corpora[shape] = write_corpus(args.workdir / f"corpus-{source}", size, shape)
+        files = corpora[shape]
+        print(
+            f"corpus {shape}: {len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB "
+            f"({SHAPES[shape][0]}); tokenizer: {tokenizer}",
+            flush=True,
+        )
 
     rows = []
-    for n in args.num_proc:
-        trials = []
-        for r in range(args.repeat):
-            order = ("tokenize", "prepare") if r % 2 == 0 else ("prepare", "tokenize")
-            if args.prepare_only:
-                order = ("prepare",)
-            got = {kind: run_child(kind, args, files, tokenizer, n) for kind in order}
-            prep = got["prepare"]
-            tok = got.get("tokenize") or {"tokens_per_sec": float("nan"), "tokens_per_cpu_sec": float("nan")}
-            trial = {
-                "order": list(order),
-                "tokenize_only": tok,
-                "prepare": prep,
-                "ratio": prep["tokens_per_sec"] / tok["tokens_per_sec"],
-                "cpu_ratio": prep["tokens_per_cpu_sec"] / tok["tokens_per_cpu_sec"],
-            }
-            trials.append(trial)
-            print(
-                f"num_proc={n} trial {r + 1}/{args.repeat}: tokenize-only {tok['tokens_per_sec']:,.0f} tok/s, "
-                f"prepare {prep['tokens_per_sec']:,.0f} tok/s, ratio {trial['ratio']:.2f} "
-                f"(per CPU second: {trial['cpu_ratio']:.2f})",
-                flush=True,
+    for shape in args.shapes:
+        files = corpora[shape]
+        extra = [*SHAPES[shape][1], *args.extra]
+        for n in args.num_proc:
+            trials = []
+            for r in range(args.repeat):
+                order = ("tokenize", "prepare") if r % 2 == 0 else ("prepare", "tokenize")
+                if args.prepare_only:
+                    order = ("prepare",)
+                got = {kind: run_child(kind, args, files, tokenizer, n, extra) for kind in order}
+                prep = got["prepare"]
+                tok = got.get("tokenize") or {
+                    "tokens_per_sec": float("nan"),
+                    "tokens_per_cpu_sec": float("nan"),
+                }
+                trial = {
+                    "order": list(order),
+                    "load_average_1min": os.getloadavg()[0],
+                    "tokenize_only": tok,
+                    "prepare": prep,
+                    "ratio": prep["tokens_per_sec"] / tok["tokens_per_sec"],
+                    "cpu_ratio": prep["tokens_per_cpu_sec"] / tok["tokens_per_cpu_sec"],
+                }
+                trials.append(trial)
+                print(
+                    f"{shape} num_proc={n} trial {r + 1}/{args.repeat}: tokenize-only "
+                    f"{tok['tokens_per_sec']:,.0f} tok/s, prepare {prep['tokens_per_sec']:,.0f} tok/s, "
+                    f"ratio {trial['ratio']:.2f} (per CPU second: {trial['cpu_ratio']:.2f})",
+                    flush=True,
+                )
+            ratios = sorted(t["ratio"] for t in trials)
+            median = statistics.median(ratios)
+            mid = min(trials, key=lambda t: abs(t["ratio"] - median))  # the trial shown in the table
+            rows.append(
+                {
+                    "shape": shape,
+                    "shape_description": SHAPES[shape][0],
+                    "overrides": extra,
+                    "corpus_bytes": sum(f.stat().st_size for f in files),
+                    "files": len(files),
+                    "num_proc": n,
+                    "ratio": median,
+                    "cpu_ratio": statistics.median(t["cpu_ratio"] for t in trials),
+                    # best of the trials on each side (the least disturbed CPU time, as timeit reports)
+                    "cpu_ratio_best": max(t["prepare"]["tokens_per_cpu_sec"] for t in trials)
+                    / max(t["tokenize_only"]["tokens_per_cpu_sec"] for t in trials),
+                    "ratio_min_max": [ratios[0], ratios[-1]],
+                    "mean_example_length": mid["prepare"]["mean_example_length"],
+                    "padding_fraction_at_max_seq_length": mid["prepare"][
+                        "padding_fraction_at_max_seq_length"
+                    ],
+                    "tokenize_only": mid["tokenize_only"],
+                    "prepare": mid["prepare"],
+                    "trials": trials,
+                }
             )
-        ratios = sorted(t["ratio"] for t in trials)
-        median = statistics.median(ratios)
-        mid = min(trials, key=lambda t: abs(t["ratio"] - median))  # the trial shown in the table
-        rows.append(
-            {
-                "num_proc": n,
-                "ratio": median,
-                "cpu_ratio": statistics.median(t["cpu_ratio"] for t in trials),
-                "ratio_min_max": [ratios[0], ratios[-1]],
-                "tokenize_only": mid["tokenize_only"],
-                "prepare": mid["prepare"],
-                "trials": trials,
-            }
-        )
 
     print()
     head = (
+        "shape",
         "num_proc",
         "tokenize tok/s",
         "prepare tok/s",
@@ -360,10 +487,13 @@ def main() -> None:
         "prep s",
         "peak RSS MB",
         "anon peak MB",
+        "padding",
+        "mean length",
     )
     print("  ".join(f"{h:>14}" for h in head))
     for r in rows:
         cells = (
+            r["shape"],
             r["num_proc"],
             f"{r['tokenize_only']['tokens_per_sec']:,.0f}",
             f"{r['prepare']['tokens_per_sec']:,.0f}",
@@ -373,6 +503,8 @@ def main() -> None:
             f"{r['prepare']['seconds']:.1f}",
             f"{max(r['prepare']['peak_rss'].values()) / 1e6:.0f}",
             f"{r['prepare']['memory_peaks_bytes']['anon_total'] / 1e6:.0f}",
+            f"{r['padding_fraction_at_max_seq_length']:.1%}",
+            f"{r['mean_example_length']:.1f}",
         )
         print("  ".join(f"{c:>14}" for c in cells))
     import datasets
@@ -380,8 +512,8 @@ def main() -> None:
     import transformers
 
     result = {
-        "corpus_bytes": corpus_bytes,
-        "files": len(files),
+        "command": "python scripts/bench_prepare.py " + " ".join(sys.argv[1:]),
+        "size_per_shape_bytes": size,
         "extra_overrides": args.extra,
         "machine": {
             "platform": platform.platform(),

@@ -28,6 +28,9 @@ def test_bench_prepare_runs(tmp_path):
             "1",
             "--repeat",
             "2",
+            "--shapes",
+            "builtin",
+            "books-file",
             "--vocab-size",
             "500",
             "--workdir",
@@ -37,7 +40,11 @@ def test_bench_prepare_runs(tmp_path):
         ],
         tmp_path,
     )
-    (row,) = json.loads(out.read_text())["results"]
+    row, books = json.loads(out.read_text())["results"]
+    assert (row["shape"], books["shape"]) == ("builtin", "books-file")
+    assert books["overrides"] == ["data.documents=file"] and books["files"] >= 2
+    for r in (row, books):
+        assert 0 <= r["padding_fraction_at_max_seq_length"] < 1 and r["mean_example_length"] > 0
     assert len(row["trials"]) == 2
     assert [t["order"][0] for t in row["trials"]] == ["tokenize", "prepare"]  # alternating order
     for t in row["trials"]:

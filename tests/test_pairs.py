@@ -243,3 +243,28 @@ def test_chunk_search_matches_the_sentence_walk(seed):
             out.extend(fn(d, sent_bounds, doc_sents, params, r, balance, stats))
         out.append(vars(stats))
     assert len(got) > 1 and got == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_pairs_with_reseeding_equals_a_fresh_generator_per_document(seed):
+    """prepare pairs a whole block in one call, reseeding one generator per document: the same
+    pairs, balance and counts as document_pairs with ``random.Random(key)`` for each document."""
+    from bert_mp.data.pairs import PairParams, PairStats, block_pairs, document_pairs
+
+    rng = random.Random(seed)
+    n_docs = rng.choice([1, 3, 40])
+    sents_per_doc = [rng.randint(1, 12) for _ in range(n_docs)]
+    lengths = [rng.choice([1, 3, 8, 30, 90]) for _ in range(sum(sents_per_doc))]
+    sent_bounds = [0, *np.cumsum(lengths).tolist()]
+    doc_sents = [0, *np.cumsum(sents_per_doc).tolist()]
+    params = PairParams(61, short_seq_prob=0.2, nsp_random_prob=0.5)
+    keys = [(seed << 80) | (7 * d + 1) for d in range(n_docs)]
+    balance, stats = NspBalance(0.5), PairStats()
+    want = [
+        p
+        for d in range(n_docs)
+        for p in document_pairs(d, sent_bounds, doc_sents, params, random.Random(keys[d]), balance, stats)
+    ]
+    balance2, stats2 = NspBalance(0.5), PairStats()
+    got = block_pairs(range(n_docs), keys, sent_bounds, doc_sents, params, random.Random(), balance2, stats2)
+    assert got == want and vars(stats2) == vars(stats) and balance2 == balance

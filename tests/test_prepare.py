@@ -316,6 +316,9 @@ def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
     assert s["documents"]["invalid_utf8_replaced"] > 0
     assert sum(v["sentences_cut_to_max_length"] for v in s["per_split"].values()) > 0  # the 2 MB line is used
     assert s["documents"]["files_empty"] and s["documents"]["files"] == 8
+    # the binary file is skipped and named, not read as text full of U+FFFD
+    assert s["documents"]["binary_files"] == 1 and s["documents"]["first_binary_file"].endswith("binary.txt")
+    assert any("look binary" in w for w in s["warnings"])
     assert s["splits"]["train"] > 0
     assert "NSP random share" in r.stdout and "documents:" in r.stdout
 

@@ -110,3 +110,45 @@ def test_split_marked_tokens():
     assert (empty, cut) == (2, 1)
     with pytest.raises(DataError, match="does not keep its"):
         split_marked_tokens([[10, 11]], m, 4)
+
+
+def test_cutting_an_overlong_sentence_leaves_no_lone_punctuation():
+    # characters: the last cut halves what is left instead of leaving the final "."
+    out = split_sentences("word " * 30 + ".", max_chars=150)
+    assert all(any(c.isalnum() for c in s) for s in out) and all(len(s) <= 150 for s in out)
+    # tokens: one token over the limit is two near-equal pieces, not max_tokens + a lone "." (id 9)
+    m = 3
+    flat, lengths, _, _, cut = split_marked_tokens([[*range(10, 10 + 125), 9, m]], m, max_tokens=125)
+    assert cut == 1 and lengths.tolist() == [63, 63] and flat.tolist()[-1] == 9
+    _, lengths, _, _, _ = split_marked_tokens([[*([10] * 251), m]], m, max_tokens=125)
+    assert lengths.tolist() == [84, 84, 83]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.text(
+            alphabet=st.sampled_from(list("ab .!?\"')([]\n\t AZ09e.g.U.S.Mr.\x00|")), min_size=1, max_size=80
+        ),
+        max_size=12,
+    ),
+    st.sampled_from(["|", "[SEP]"]),
+    st.booleans(),
+)
+def test_marking_a_block_equals_marking_each_document(texts, marker, lines):
+    from bert_mp.data.segment import _mark_rule, mark_documents, mark_lines
+
+    texts = [t for t in texts if t.strip()]
+    one = mark_lines if lines else _mark_rule
+    marked, counts = mark_documents(texts, marker, lines=lines)
+    want = [one(t, marker) for t in texts]
+    assert marked == [m for m, _ in want] and counts == [c for _, c in want]
+
+
+def test_line_marking_takes_lines_as_sentences():
+    from bert_mp.data.segment import mark_lines
+
+    assert mark_lines("Dr. Smith arrived. He sat.\nsecond line e.g. this\n", "|") == (
+        "Dr. Smith arrived. He sat.|second line e.g. this|",
+        2,
+    )

@@ -258,17 +258,20 @@ class ThroughputMonitor(BaseCallback):
 
 
 class LossMonitor(BaseCallback):
-    """MLM / NSP loss and accuracy, total loss, learning rate and gradient norm of every step."""
+    """MLM / NSP loss and accuracy, total loss, learning rate and gradient norm of every step.
+
+    ``loss/nsp`` and ``accuracy/nsp`` are None when the step had no NSP labels (objective=mlm).
+    """
 
     def on_step_end(self, state: Any, logs: dict) -> None:
         f = state.facts
         mlm = f.mlm_loss_sum / max(f.mlm_count, 1.0)
-        nsp = f.nsp_loss_sum / max(f.nsp_count, 1.0)
-        logs["loss/total"] = mlm + nsp
+        nsp = f.nsp_loss_sum / f.nsp_count if f.nsp_count else None
+        logs["loss/total"] = mlm + (nsp or 0.0)
         logs["loss/mlm"] = mlm
         logs["loss/nsp"] = nsp
         logs["accuracy/mlm"] = f.mlm_correct / max(f.mlm_count, 1.0)
-        logs["accuracy/nsp"] = f.nsp_correct / max(f.nsp_count, 1.0)
+        logs["accuracy/nsp"] = f.nsp_correct / f.nsp_count if f.nsp_count else None
         logs["optim/lr"] = f.lr
         logs["optim/grad_norm"] = f.grad_norm
 

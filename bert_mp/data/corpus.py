@@ -57,18 +57,28 @@ class ReadStats:
     first_problem: str | None = None
     """Where the first skipped record was (file:line), to help fix the input."""
     files_empty: list[str] = field(default_factory=list)
+    duplicate_paths: int = 0
+    """Files reached more than once (a symlink, overlapping globs): read once, counted here."""
+    first_duplicate_path: str | None = None
+    binary_files: int = 0
+    """Files that look binary (NUL bytes, or mostly non-text, in the first KB): skipped, not read."""
+    first_binary_file: str | None = None
+    duplicate_documents: int = 0
+    """Exact duplicate documents removed (``data.dedupe``)."""
 
     @property
     def documents_kept(self) -> int:
-        return self.documents_read - self.dropped_empty
+        return self.documents_read - self.dropped_empty - self.duplicate_documents
 
     def note(self, where: str) -> None:
         if self.first_problem is None:
             self.first_problem = where
 
 
-def resolve_paths(patterns: list[str]) -> list[Path]:
-    """Files matching the paths/globs, sorted and de-duplicated; a pattern matching nothing is an error."""
+def resolve_paths(patterns: list[str], stats: ReadStats | None = None) -> list[Path]:
+    """Files matching the paths/globs, sorted and de-duplicated by real path (a file reached twice,
+    say through a symlink, is listed once and counted in ``stats``); a pattern matching nothing is
+    an error."""
     out: list[Path] = []
     seen = set()
     for pattern in patterns:
@@ -92,7 +102,49 @@ def resolve_paths(patterns: list[str]) -> list[Path]:
             if key not in seen:
                 seen.add(key)
                 out.append(m)
+            elif stats is not None:
+                stats.duplicate_paths += 1
+                if stats.first_duplicate_path is None:
+                    stats.first_duplicate_path = f"{m} (same file as {key})"
     return out
+
+
+BINARY_PROBE_BYTES = 1024
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\x1b\x08")
+
+
+def looks_binary(head: bytes) -> bool:
+    """Whether the first bytes of a file say it is not text: a NUL byte, or more than 30% of the
+    characters undecodable as UTF-8 or control characters other than whitespace.
+
+    A text file in another encoding (Latin-1, say) passes: its few undecodable bytes are replaced
+    and counted; random bytes, images, archives and UTF-16 text (full of NULs) do not.
+    """
+    head = head[:BINARY_PROBE_BYTES]
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    # a multi-byte character cut at the probe's end is not an error
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+    if not text:
+        return False
+    bad = text.count("\ufffd") + sum(
+        1 for c in text if (ord(c) < 32 or ord(c) == 127) and ord(c) not in _TEXT_CONTROLS
+    )
+    return bad > 0.3 * len(text)
+
+
+def _skip_binary(path: Path, stats: ReadStats) -> bool:
+    """True (and counted) when ``path`` looks binary."""
+    with open(path, "rb") as f:
+        head = f.read(BINARY_PROBE_BYTES)
+    if not looks_binary(head):
+        return False
+    stats.binary_files += 1
+    if stats.first_binary_file is None:
+        stats.first_binary_file = str(path)
+    return True
 
 
 def _decoder(cfg: DataConfig):
@@ -108,7 +160,10 @@ def _decode_error(path: Path, e: UnicodeDecodeError, where: str = "") -> DataErr
 
 
 def _read_text_file(path: Path, cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
-    """Documents of a text file: blank lines separate documents; CRLF and CR become LF."""
+    """Documents of a text file (``cfg.documents``): the text between blank lines (``blank_line``,
+    ``line``) or the whole file (``file``); CRLF and CR become LF. A document longer than
+    MAX_DOCUMENT_CHARS is cut at a line break, so memory stays bounded."""
+    whole = cfg.documents == "file"
     decoder = _decoder(cfg)
     carry = ""
     offset = 0
@@ -124,8 +179,12 @@ def _read_text_file(path: Path, cfg: DataConfig, stats: ReadStats) -> Iterator[s
             if "\r" in text:
                 text = text.replace("\r\n", "\n").replace("\r", "\n")
             buf = carry + text
-            parts = _BLANK_LINE.split(buf)
-            carry = "" if final else parts.pop()
+            if whole:
+                parts = [buf]
+                carry = "" if final else parts.pop()
+            else:
+                parts = _BLANK_LINE.split(buf)
+                carry = "" if final else parts.pop()
             yield from (p for p in parts if p)  # "" only before the first / after the last blank line
             while len(carry) > MAX_DOCUMENT_CHARS:
                 stats.split_oversize += 1
@@ -254,9 +313,11 @@ def _raw_documents(cfg: DataConfig, stats: ReadStats, paths: list[Path] | None) 
         yield from _read_hub(cfg, stats)
     else:
         reader = _FILE_READERS[cfg.source]
-        for path in resolve_paths(cfg.paths) if paths is None else paths:
+        for path in resolve_paths(cfg.paths, stats) if paths is None else paths:
             stats.files += 1
             try:
+                if cfg.source != "parquet" and _skip_binary(path, stats):
+                    continue
                 yield from reader(path, cfg, stats)
             except OSError as e:
                 raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
@@ -291,8 +352,9 @@ def merge_read_stats(parts: list[ReadStats]) -> ReadStats:
             if isinstance(v, int):
                 setattr(out, f.name, getattr(out, f.name) + v)
         out.files_empty.extend(p.files_empty)
-        if out.first_problem is None:
-            out.first_problem = p.first_problem
+        for name in ("first_problem", "first_duplicate_path", "first_binary_file"):
+            if getattr(out, name) is None:
+                setattr(out, name, getattr(p, name))
     return out
 
 

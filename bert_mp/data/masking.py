@@ -8,6 +8,7 @@ point it is seen in.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +77,7 @@ class MaskingSpec:
             mlm_probability=data_cfg.mlm_probability,
             mask_token_prob=data_cfg.mask_token_prob,
             random_token_prob=data_cfg.random_token_prob,
-            max_predictions=data_cfg.max_predictions_per_seq,
+            max_predictions=data_cfg.max_predictions(),
             whole_word=data_cfg.whole_word_masking,
         )
 
@@ -144,10 +145,15 @@ class PretrainingCollator:
 
     Features are dicts with the prepared columns plus ``index`` (position in its split) and
     ``epoch``. Returns ``torch.long`` tensors ``input_ids``, ``token_type_ids``, ``attention_mask``,
-    ``labels`` (-100 on unmasked and padding positions) and ``next_sentence_label``.
+    ``labels`` (-100 on unmasked and padding positions) and, when the features carry one (data
+    prepared with ``objective=nsp``), ``next_sentence_label``; without it the model computes no NSP
+    loss.
     """
 
     def __init__(self, tokenizer: Any, data_cfg: DataConfig, seed: int, pad_to_multiple_of: int | None = 8):
+        warning = data_cfg.masking_cap_warning()
+        if warning and data_cfg.masking == "dynamic":
+            warnings.warn(warning, UserWarning, stacklevel=2)
         self.spec = MaskingSpec.from_tokenizer(tokenizer, data_cfg)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.dynamic = data_cfg.masking == "dynamic"
@@ -166,6 +172,7 @@ class PretrainingCollator:
         token_type_ids = np.zeros((n, length), dtype=np.int64)
         attention_mask = np.zeros((n, length), dtype=np.int64)
         labels = np.full((n, length), -100, dtype=np.int64)
+        with_nsp = "next_sentence_label" in features[0]
         nsp = np.zeros(n, dtype=np.int64)
         for row, f in enumerate(features):
             ids = f["input_ids"]
@@ -187,11 +194,14 @@ class PretrainingCollator:
             labels[row, :k] = lab
             token_type_ids[row, :k] = f["token_type_ids"]
             attention_mask[row, :k] = 1
-            nsp[row] = int(f["next_sentence_label"])
-        return {
+            if with_nsp:
+                nsp[row] = int(f["next_sentence_label"])
+        batch = {
             "input_ids": torch.from_numpy(input_ids),
             "token_type_ids": torch.from_numpy(token_type_ids),
             "attention_mask": torch.from_numpy(attention_mask),
             "labels": torch.from_numpy(labels),
-            "next_sentence_label": torch.from_numpy(nsp),
         }
+        if with_nsp:
+            batch["next_sentence_label"] = torch.from_numpy(nsp)
+        return batch

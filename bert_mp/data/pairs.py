@@ -17,10 +17,12 @@ randoms seen so far in the block, so the expected share of random pairs stays ``
 
 from __future__ import annotations
 
+import _random
 import random
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -96,17 +98,21 @@ def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int, rng: random.
     front or back with equal odds, until it fits) in O(1): the per-side totals are determined by
     the lengths, and the front share of k fair coin flips is Binomial(k, 1/2).
     """
-    excess = len_a + len_b - max_num_tokens
-    if excess <= 0:
+    if len_a + len_b <= max_num_tokens:
         return 0, 0, 0, 0
+    return _truncate(len_a, len_b, max_num_tokens, rng.getrandbits)
+
+
+def _truncate(len_a: int, len_b: int, max_num_tokens: int, getrandbits: Any) -> tuple[int, int, int, int]:
+    excess = len_a + len_b - max_num_tokens
     if len_a > len_b:
         d = len_a - len_b
         drop_a, drop_b = (excess, 0) if excess <= d else (d + (excess - d) // 2, (excess - d + 1) // 2)
     else:
         d = len_b - len_a
         drop_a, drop_b = (0, excess) if excess <= d else ((excess - d) // 2, d + (excess - d + 1) // 2)
-    a_front = rng.getrandbits(drop_a).bit_count() if drop_a else 0
-    b_front = rng.getrandbits(drop_b).bit_count() if drop_b else 0
+    a_front = getrandbits(drop_a).bit_count() if drop_a else 0
+    b_front = getrandbits(drop_b).bit_count() if drop_b else 0
     return a_front, drop_a - a_front, b_front, drop_b - b_front
 
 
@@ -125,52 +131,102 @@ def document_pairs(
     ``doc_sents[d]:doc_sents[d + 1]`` are the sentences of document ``d``; every sentence has at
     least one token. Random B documents are drawn from the other documents of the block.
     """
-    first, last = doc_sents[doc], doc_sents[doc + 1]
+    return block_pairs([doc], None, sent_bounds, doc_sents, params, rng, balance, stats)
+
+
+def block_pairs(
+    docs: Sequence[int],
+    rng_keys: Sequence[int] | None,
+    sent_bounds: Sequence[int],
+    doc_sents: Sequence[int],
+    params: PairParams,
+    rng: random.Random,
+    balance: NspBalance,
+    stats: PairStats,
+) -> list[tuple[int, int, int, int, int]]:
+    """:func:`document_pairs` for each of ``docs`` in order, in one loop.
+
+    With ``rng_keys``, ``rng`` is reseeded with ``rng_keys[k]`` before document ``docs[k]`` (the
+    same state as ``random.Random(key)``); with ``None`` it runs on. One call per block instead of
+    one per document: on corpora of short documents the per-document call, attribute and object
+    overhead is a large share of pairing. The running balance and the counts live in locals here and
+    are written back at the end.
+    """
+    reseed = _random.Random.seed  # what random.Random(int) runs, without building a new object
+    uniform, getrandbits = rng.random, rng.getrandbits
     n_docs = len(doc_sents) - 1
     max_tokens = params.max_num_tokens
-    target = max_tokens
-    if rng.random() < params.short_seq_prob:
-        target = 2 + _below(rng, max_tokens - 1)
-    out = []
-    chunk_start = first
-    while chunk_start < last:
-        # the chunk ends at the first sentence that brings it to the target length, or at the
-        # document's last sentence (a binary search on the sentence offsets, not a walk)
-        i = bisect_left(sent_bounds, sent_bounds[chunk_start] + target, chunk_start + 1, last) - 1
-        n_seg = i + 1 - chunk_start
-        a_end_sent = chunk_start + (1 + _below(rng, n_seg - 1) if n_seg >= 2 else 1)
-        a0, a1 = sent_bounds[chunk_start], sent_bounds[a_end_sent]
-        forced = n_seg == 1
-        want_random = forced or rng.random() < balance.free_random_prob()
-        if want_random and n_docs < 2:
+    short_prob = params.short_seq_prob
+    b_target, b_prior, b_gain = balance.target, balance.prior, balance.gain
+    b_total, b_forced, b_random = balance.total, balance.forced, balance.random
+    n_skipped = n_no_other = n_truncated = 0
+    out: list[tuple[int, int, int, int, int]] = []
+    append = out.append
+    for k, doc in enumerate(docs):
+        if rng_keys is not None:
+            reseed(rng, rng_keys[k])
+        first, last = doc_sents[doc], doc_sents[doc + 1]
+        target = max_tokens
+        if uniform() < short_prob:
+            target = 2 + int(uniform() * (max_tokens - 1))
+        chunk_start = first
+        while chunk_start < last:
+            # the chunk ends at the first sentence that brings it to the target length, or at the
+            # document's last sentence (a binary search on the sentence offsets, not a walk)
+            i = bisect_left(sent_bounds, sent_bounds[chunk_start] + target, chunk_start + 1, last) - 1
+            n_seg = i + 1 - chunk_start
+            a_end_sent = chunk_start + (1 + int(uniform() * (n_seg - 1)) if n_seg >= 2 else 1)
+            a0, a1 = sent_bounds[chunk_start], sent_bounds[a_end_sent]
+            forced = n_seg == 1
             if forced:
-                stats.skipped_single_segment += 1
-                chunk_start = i + 1
-                continue
-            stats.no_other_document += 1
-            want_random = False
-        if want_random:
-            other = _below(rng, n_docs - 1)
-            other += other >= doc
-            o_first, o_last = doc_sents[other], doc_sents[other + 1]
-            s = o_first + _below(rng, o_last - o_first)
-            b0 = sent_bounds[s]
-            # B runs to the first sentence that brings it to target - len(A), or the document's end
-            s = bisect_left(sent_bounds, b0 + target - (a1 - a0), s + 1, o_last) - 1
-            b1 = sent_bounds[s + 1]
-            i = a_end_sent - 1  # the chunk's unused segments go back for the next chunk
-            label = 1
-        else:
-            b0, b1 = a1, sent_bounds[i + 1]
-            label = 0
-        af, ab, bf, bb = truncation_amounts(a1 - a0, b1 - b0, max_tokens, rng)
-        out.append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
-        balance.record(forced, label)
-        stats.pairs += 1
-        stats.random_next += label
-        stats.forced_random += int(forced)
-        stats.truncated_tokens += af + ab + bf + bb
-        chunk_start = i + 1
+                want_random = True
+            else:  # NspBalance.free_random_prob, inline
+                f = b_forced / (b_total + b_prior)
+                if f >= 1.0:
+                    p = 0.0
+                else:
+                    p = (b_target - f) / (1.0 - f) + b_gain * (b_target * b_total - b_random)
+                    p = min(1.0, max(0.0, p))
+                want_random = uniform() < p
+            if want_random and n_docs < 2:
+                if forced:
+                    n_skipped += 1
+                    chunk_start = i + 1
+                    continue
+                n_no_other += 1
+                want_random = False
+            if want_random:
+                other = int(uniform() * (n_docs - 1))
+                other += other >= doc
+                o_first, o_last = doc_sents[other], doc_sents[other + 1]
+                s = o_first + int(uniform() * (o_last - o_first))
+                b0 = sent_bounds[s]
+                # B runs to the first sentence that brings it to target - len(A), or the document's end
+                s = bisect_left(sent_bounds, b0 + target - (a1 - a0), s + 1, o_last) - 1
+                b1 = sent_bounds[s + 1]
+                i = a_end_sent - 1  # the chunk's unused segments go back for the next chunk
+                label = 1
+            else:
+                b0, b1 = a1, sent_bounds[i + 1]
+                label = 0
+            if a1 - a0 + b1 - b0 > max_tokens:
+                af, ab, bf, bb = _truncate(a1 - a0, b1 - b0, max_tokens, getrandbits)
+                n_truncated += af + ab + bf + bb
+                append((a0 + af, a1 - ab, b0 + bf, b1 - bb, label))
+            else:
+                append((a0, a1, b0, b1, label))
+            b_total += 1
+            b_forced += forced
+            b_random += label
+            chunk_start = i + 1
+    n_new = b_total - balance.total
+    stats.pairs += n_new
+    stats.random_next += b_random - balance.random
+    stats.forced_random += b_forced - balance.forced
+    stats.no_other_document += n_no_other
+    stats.skipped_single_segment += n_skipped
+    stats.truncated_tokens += n_truncated
+    balance.total, balance.forced, balance.random = b_total, b_forced, b_random
     return out
 
 

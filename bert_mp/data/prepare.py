@@ -13,6 +13,7 @@ that would be reused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -41,8 +42,9 @@ from bert_mp.data.corpus import (
 )
 from bert_mp.data.fingerprint import folder_fingerprint
 from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
-from bert_mp.data.pairs import NspBalance, PairParams, PairStats, build_examples, document_pairs
-from bert_mp.data.segment import build_marker, split_marked_tokens
+from bert_mp.data.packing import pack_documents
+from bert_mp.data.pairs import NspBalance, PairParams, PairStats, block_pairs, build_examples
+from bert_mp.data.segment import build_marker, mark_documents, mark_lines, split_marked_tokens
 from bert_mp.data.tokenizer import (
     encoder,
     inline_marker,
@@ -151,9 +153,10 @@ def make_blocks(doc_ids: np.ndarray, chars: np.ndarray, block_chars: int) -> lis
     return [doc_ids[s:e] for s, e in zip(starts, ends)]
 
 
-def _doc_rng(seed: int, split: int, dupe: int, doc: int) -> random.Random:
-    # One integer from all the keys: Random(int) seeds from every bit, identically on every run.
-    return random.Random((((seed % 2**64) << 16 | split) << 32 | dupe) << 64 | doc)
+def _doc_rng_key(seed: int, split: int, dupe: int, doc: int) -> int:
+    """The seed of a document's pairing generator, ``random.Random(key)``: one integer from all the
+    keys (Random(int) seeds from every bit, identically on every run)."""
+    return (((seed % 2**64) << 16 | split) << 32 | dupe) << 64 | doc
 
 
 def take_texts(table: pa.Table, ids: Any) -> list[str]:
@@ -171,15 +174,21 @@ def take_texts(table: pa.Table, ids: Any) -> list[str]:
     return window.take(pa.array(ids - lo)).column("text").to_pylist()
 
 
-def _empty_table(static: bool) -> pa.Table:
+def _empty_table(static: bool, nsp: bool = True) -> pa.Table:
     cols = {
         "input_ids": pa.array([], pa.list_(pa.int32())),
         "token_type_ids": pa.array([], pa.list_(pa.int8())),
-        "next_sentence_label": pa.array([], pa.int64()),
     }
+    if nsp:
+        cols["next_sentence_label"] = pa.array([], pa.int64())
     if static:
         cols["labels"] = pa.array([], pa.list_(pa.int32()))
     return pa.table(cols)
+
+
+_ENCODE_BATCH = 256
+"""Documents per ``encode_batch_fast`` call: a whole block in one call is 10-20% slower (every
+Encoding of the block alive at once) than a few hundred at a time."""
 
 
 class _BlockPairer:
@@ -189,9 +198,13 @@ class _BlockPairer:
         self.docs = docs
         self.encoder = encoder(tokenizer)
         self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
-        self.mark = build_marker(data.sentence_splitter)
+        self.splitter = data.sentence_splitter
+        self.lines = data.documents == "line"
+        self.mark = mark_lines if self.lines else build_marker(data.sentence_splitter)
         self.sep_token = tokenizer.sep_token
         self.inline = inline_marker(tokenizer)
+        self.nsp = data.objective == "nsp"
+        self.max_seq_length = data.max_seq_length
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
         self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
         self.seed, self.dupe_factor = data.seed, data.dupe_factor
@@ -201,38 +214,67 @@ class _BlockPairer:
         outs = [self._block(row) for row in batch.to_pylist()]
         return pa.concat_tables(outs) if len(outs) > 1 else outs[0]
 
-    def _block(self, row: dict) -> pa.Table:
-        split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
-        if block == _PAD:  # a no-op row that evens out the workers' lanes (_pair_blocks)
-            return _empty_table(self.spec is not None)
-        st: dict[str, Any] = {"documents": len(doc_ids)}
-        t0 = time.process_time()  # CPU time of this worker, per stage
-        texts = take_texts(self.docs.data.table, doc_ids)
-        # Sentence boundaries become marker tokens: the inline punctuation marker where the
-        # tokenizer allows it and the document does not contain it, [SEP] otherwise.
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        enc = self.encoder.encode_batch_fast
+        out: list[list[int]] = []
+        for lo in range(0, len(texts), _ENCODE_BATCH):
+            out.extend([e.ids for e in enc(texts[lo : lo + _ENCODE_BATCH], add_special_tokens=False)])
+        return out
+
+    def _mark(self, texts: list[str], marker: str) -> tuple[list[str], list[int]]:
+        if self.lines or self.splitter == "rule":  # one pass over the whole block
+            return mark_documents(texts, marker, lines=self.lines)
+        if not texts:
+            return [], []
+        marked, counts = zip(*(self.mark(t, marker) for t in texts), strict=True)
+        return list(marked), list(counts)
+
+    def _sentence_tokens(self, texts: list[str], st: dict) -> tuple[list[list[int]], np.ndarray]:
+        """Token ids of every document with a marker id after each sentence, and the marker ids.
+
+        Sentence boundaries become marker tokens: the inline punctuation marker where the
+        tokenizer allows it and the document does not contain it, [SEP] otherwise.
+        """
+        n = len(texts)
         char, mid = self.inline or (self.sep_token, self.sep_id)
-        markers = [self.sep_token if char in text else char for text in texts]
-        marked, counts = zip(*map(self.mark, texts, markers), strict=True) if texts else ((), ())
-        t1 = time.process_time()
-        ids = [e.ids for e in self.encoder.encode_batch_fast(list(marked), add_special_tokens=False)]
-        marker_ids = np.array([mid if m == char else self.sep_id for m in markers], dtype=np.int32)
+        with_sep = np.zeros(n, dtype=bool)
+        if self.inline is not None:
+            with_sep[[i for i, t in enumerate(texts) if char in t]] = True
+        else:
+            with_sep[:] = True
+        if not with_sep.any() or with_sep.all():
+            marked, counts = self._mark(texts, self.sep_token if with_sep.all() else char)
+        else:
+            marked, counts = [""] * n, [0] * n
+            for flag, m in ((False, char), (True, self.sep_token)):
+                idx = np.flatnonzero(with_sep == flag).tolist()
+                mk, ct = self._mark([texts[i] for i in idx], m)
+                for i, a, b in zip(idx, mk, ct, strict=True):
+                    marked[i], counts[i] = a, b
+        ids = self._encode(marked)
+        del marked
+        marker_ids = np.where(with_sep, self.sep_id, mid).astype(np.int32)
         if self.inline is not None:
             # Every inline marker must come back as exactly one marker id; a document where the
             # count differs (a normalizer that makes or eats the character) is redone with [SEP].
-            redo = [i for i, n in enumerate(counts) if markers[i] == char and ids[i].count(mid) != n]
+            got = np.array([x.count(mid) for x in ids], dtype=np.int64)
+            redo = np.flatnonzero(~with_sep & (got != np.asarray(counts, dtype=np.int64))).tolist()
             if redo:
                 again = [self.mark(texts[i], self.sep_token)[0] for i in redo]
-                for i, e in zip(
-                    redo, self.encoder.encode_batch_fast(again, add_special_tokens=False), strict=True
-                ):
-                    ids[i] = e.ids
+                for i, x in zip(redo, self._encode(again), strict=True):
+                    ids[i] = x
                     marker_ids[i] = self.sep_id
         st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
-        t2 = time.process_time()
+        return ids, marker_ids
+
+    def _pairs(self, texts: list[str], split: int, doc_ids: list[int], st: dict, times: list[float]):
+        """NSP examples of the block: ``(input_ids, token_type_ids, offsets, labels)`` or None."""
+        ids, marker_ids = self._sentence_tokens(texts, st)
+        times.append(time.process_time())
         flat, sent_lens, doc_of_sent, empty, cut = split_marked_tokens(
             ids, marker_ids, self.params.max_num_tokens
         )
-        del ids, marked
+        del ids
         sents_per_doc = np.bincount(doc_of_sent, minlength=len(texts))
         kept_docs = np.flatnonzero(sents_per_doc)
         sent_bounds = [0, *np.cumsum(sent_lens).tolist()]
@@ -248,43 +290,82 @@ class _BlockPairer:
         pstats = PairStats()
         balance = NspBalance(self.params.nsp_random_prob)
         pairs: list[tuple[int, int, int, int, int]] = []
+        rng = random.Random()
+        kept_ids = [doc_ids[d] for d in kept_docs.tolist()]
         for dupe in range(self.dupe_factor):
-            for local, d in enumerate(kept_docs.tolist()):
-                rng = _doc_rng(self.seed, split, dupe, doc_ids[d])
-                pairs.extend(document_pairs(local, sent_bounds, doc_sents, self.params, rng, balance, pstats))
+            base = _doc_rng_key(self.seed, split, dupe, 0)
+            keys = [base | d for d in kept_ids]  # == _doc_rng_key(seed, split, dupe, d): d < 2**64
+            pairs.extend(
+                block_pairs(
+                    range(len(kept_ids)), keys, sent_bounds, doc_sents, self.params, rng, balance, pstats
+                )
+            )
         st.update(asdict(pstats))
-        t3 = time.process_time()
-        table = self._examples(flat, pairs, split, block, st)
-        t4 = time.process_time()
-        st["examples"] = table.num_rows
-        st["seconds"] = {
-            "read_and_mark": t1 - t0,
-            "tokenize": t2 - t1,
-            "pair": t3 - t2,
-            "build_and_mask": t4 - t3,
-        }
-        atomic_write_json(self.stats_dir / f"{split}_{block:08d}.json", st)
-        return table
-
-    def _examples(self, flat: np.ndarray, pairs: list, split: int, block: int, st: dict) -> pa.Table:
-        """The block's examples as an Arrow table (masked here in static mode)."""
+        times.append(time.process_time())
         if not pairs:
-            return _empty_table(self.spec is not None)
-        input_ids, token_type_ids, offsets, labels = build_examples(flat, pairs, self.cls_id, self.sep_id)
-        cols = {}
-        if self.spec is not None:
-            input_ids, mlm_labels = self._mask(input_ids, offsets, split, block, st)
-            cols["labels"] = mlm_labels
-        offsets = pa.array(offsets.astype(np.int32))
-        cols = {k: pa.ListArray.from_arrays(offsets, pa.array(v)) for k, v in cols.items()}
-        return pa.table(
-            {
+            return None
+        return build_examples(flat, pairs, self.cls_id, self.sep_id)
+
+    def _packed(self, texts: list[str], st: dict, times: list[float]):
+        """MLM-only examples of the block (:mod:`bert_mp.data.packing`), or None."""
+        ids = self._encode(texts)
+        times.append(time.process_time())
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+        del ids
+        kept = lengths[lengths > 0]
+        input_ids, offsets = pack_documents(flat, kept, self.max_seq_length, self.cls_id, self.sep_id)
+        st.update(
+            documents_without_tokens=len(texts) - len(kept),
+            tokens=int(flat.size),
+            document_separators=max(0, len(kept) - 1),
+        )
+        times.append(time.process_time())
+        if len(offsets) == 1:
+            return None
+        return input_ids, np.zeros(len(input_ids), dtype=np.int8), offsets, None
+
+    def _block(self, row: dict) -> pa.Table:
+        split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
+        if block == _PAD:  # a no-op row that evens out the workers' lanes (_pair_blocks)
+            return _empty_table(self.spec is not None, self.nsp)
+        st: dict[str, Any] = {"documents": len(doc_ids)}
+        times = [time.process_time()]  # CPU time of this worker, per stage
+        texts = take_texts(self.docs.data.table, doc_ids)
+        times.append(time.process_time())
+        if self.nsp:
+            examples = self._pairs(texts, split, doc_ids, st, times)
+        else:
+            examples = self._packed(texts, st, times)
+        del texts
+        if examples is None:
+            table = _empty_table(self.spec is not None, self.nsp)
+        else:
+            input_ids, token_type_ids, offsets, labels = examples
+            cols = {}
+            if self.spec is not None:
+                input_ids, mlm_labels = self._mask(input_ids, offsets, split, block, st)
+                cols["labels"] = mlm_labels
+            offsets = pa.array(offsets.astype(np.int32))
+            cols = {k: pa.ListArray.from_arrays(offsets, pa.array(v)) for k, v in cols.items()}
+            head = {
                 "input_ids": pa.ListArray.from_arrays(offsets, pa.array(input_ids)),
                 "token_type_ids": pa.ListArray.from_arrays(offsets, pa.array(token_type_ids)),
-                "next_sentence_label": pa.array(labels),
-                **cols,
             }
-        )
+            if labels is not None:
+                head["next_sentence_label"] = pa.array(labels)
+            table = pa.table({**head, **cols})
+        times.append(time.process_time())
+        st["examples"] = table.num_rows
+        st["seconds"] = {
+            "read": times[1] - times[0],
+            "mark_and_tokenize" if self.nsp else "tokenize": times[2] - times[1],
+            "pair" if self.nsp else "pack": times[3] - times[2],
+            "build_and_mask": times[4] - times[3],
+        }
+        # a scratch file read once the map is done (a crash discards the whole work folder): no fsync
+        (self.stats_dir / f"{split}_{block:08d}.json").write_text(json.dumps(st), encoding="utf-8")
+        return table
 
     def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):
         """Static masking, keyed by (seed, split, block, example within block)."""
@@ -307,7 +388,39 @@ class _BlockPairer:
 
 _READ_BATCH_CHARS = 4 * 1024 * 1024
 _TEXT_SCHEMA = pa.schema([("text", pa.string())])
+_HASHED_SCHEMA = pa.schema([("text", pa.string()), ("hash_hi", pa.uint64()), ("hash_lo", pa.uint64())])
+
+
+def _text_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """128-bit BLAKE2b of each document's stripped text, as two uint64 arrays (for data.dedupe)."""
+    raw = b"".join(
+        hashlib.blake2b(t.strip().encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts
+    )
+    pairs = np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
+    return pairs[:, 0].copy(), pairs[:, 1].copy()
+
+
+def first_occurrences(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """Sorted indices of the first occurrence of every distinct ``(hi, lo)`` pair."""
+    if hi.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((np.arange(hi.size), lo, hi))  # by hash, then by position
+    h, l_ = hi[order], lo[order]
+    new = np.ones(hi.size, dtype=bool)
+    new[1:] = (h[1:] != h[:-1]) | (l_[1:] != l_[:-1])
+    return np.sort(order[new])
+
+
 _docs_read: Any = None  # a shared counter of documents read, for the parent's progress bar
+
+
+class _LocalCounter:
+    """``mp.Value``'s interface (``value``, ``get_lock()``) for a counter used in one process."""
+
+    value = 0
+
+    def get_lock(self) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
 
 
 def _init_reader(counter: Any) -> None:
@@ -323,10 +436,14 @@ def _read_job(data: DataConfig, paths: list[str] | None, out: str) -> ReadStats:
     stats = ReadStats()
     batch: list[str] = []
     size = 0
-    with pa.OSFile(out, "wb") as sink, pa.ipc.new_stream(sink, _TEXT_SCHEMA) as writer:
+    schema = _HASHED_SCHEMA if data.dedupe else _TEXT_SCHEMA
+    with pa.OSFile(out, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
 
         def flush() -> None:
-            writer.write_batch(pa.record_batch([pa.array(batch, pa.string())], schema=_TEXT_SCHEMA))
+            cols = [pa.array(batch, pa.string())]
+            if data.dedupe:
+                cols += [pa.array(h) for h in _text_hashes(batch)]
+            writer.write_batch(pa.record_batch(cols, schema=schema))
             if _docs_read is not None:
                 with _docs_read.get_lock():
                     _docs_read.value += len(batch)
@@ -367,13 +484,16 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     out_dir = work / "documents"
     out_dir.mkdir(parents=True, exist_ok=True)
     groups: list[list[str] | None] = [None]
+    resolved = ReadStats()  # files reached twice, counted while resolving the paths
     if is_file_source(data):
-        paths = resolve_paths(data.paths)
+        paths = resolve_paths(data.paths, resolved)
         # max_documents counts across all files: one reader then
         jobs = min(data.num_proc, len(paths)) if data.max_documents is None else 1
         groups = _file_groups(paths, jobs) if jobs > 1 else [[str(p) for p in paths]]
     outs = [str(out_dir / f"part-{i:05d}.arrow") for i in range(len(groups))]
-    counter = mp.Value("q", 0)
+    # a shared counter only where other processes read (a lock-free one otherwise: no import of
+    # multiprocessing's synchronisation machinery, a tenth of a second, for one reader)
+    counter = mp.Value("q", 0) if len(groups) > 1 else _LocalCounter()
     with tqdm(desc="reading documents", unit=" docs", dynamic_ncols=True) as bar:
         if len(groups) == 1:
             _init_reader(counter)
@@ -390,9 +510,11 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
                     bar.update(counter.value - bar.n)
                 parts = [f.result() for f in futures]  # the first failing run (in file order) raises
             bar.update(counter.value - bar.n)
-    stats = merge_read_stats(parts)
+    stats = merge_read_stats([resolved, *parts])
     if stats.documents_kept == 0:
         detail = f"{stats.documents_read} read, {stats.dropped_empty} empty"
+        if stats.binary_files:
+            detail += f", {stats.binary_files} binary files skipped (first: {stats.first_binary_file})"
         if stats.records_without_text:
             detail += f", {stats.records_without_text} without a string {data.text_column!r} ({stats.first_problem})"
         raise DataError(f"no usable documents in {describe_source(data)} ({detail})")
@@ -484,12 +606,12 @@ def _pair_blocks(
     in lane order and are put back in (split, block) order, so the rows are the same for any
     ``num_proc``; that only relies on ``map`` keeping row order, and the balance on its sharding.
     """
-    from datasets import Dataset
+    from datasets import Dataset, concatenate_datasets
     from datasets.table import InMemoryTable
 
     keys = [(s, b) for s in range(len(SPLITS)) for b in range(len(blocks[s]))]
     if not keys:
-        empty = Dataset(InMemoryTable(_empty_table(data.masking == "static")))
+        empty = Dataset(InMemoryTable(_empty_table(data.masking == "static", data.objective == "nsp")))
         return {name: empty for name in SPLITS}
     num_proc = min(data.num_proc, len(keys))
     if num_proc > 1:
@@ -540,14 +662,8 @@ def _pair_blocks(
         raise RuntimeError(
             f"pairing wrote {len(paired)} rows but the block statistics count {int(examples.sum())}"
         )
-    return _blocks_to_splits(paired, keys, examples, real)
-
-
-def _blocks_to_splits(paired: Any, keys: list, examples: np.ndarray, real: list[int]) -> dict:
-    """Each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
-    block order (an index mapping would copy every row again when the dataset is saved)."""
-    from datasets import concatenate_datasets
-
+    # each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
+    # block order (an index mapping would copy every row again when the dataset is saved)
     start = np.zeros(len(keys), dtype=np.int64)
     start[real] = np.concatenate([[0], np.cumsum(examples[real])[:-1]])
     out = {}
@@ -582,7 +698,22 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     n_docs = len(docs)
     val_mask = assign_splits(n_docs, data.validation_fraction, data.seed)
     chars = pc.utf8_length(docs.data.table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
-    split_docs = {0: np.flatnonzero(~val_mask), 1: np.flatnonzero(val_mask)}
+    kept = np.ones(n_docs, dtype=bool)
+    if data.dedupe:
+        table = docs.data.table
+        hi, lo = (table.column(c).to_numpy() for c in ("hash_hi", "hash_lo"))
+        kept[:] = False
+        kept[first_occurrences(hi, lo)] = True
+        read_stats.duplicate_documents = int(n_docs - kept.sum())
+        kept_ids = np.flatnonzero(kept)
+        if (
+            kept_ids.size >= 2
+            and data.validation_fraction > 0
+            and (val_mask[kept_ids].all() or not val_mask[kept_ids].any())
+        ):
+            # the duplicates took all of one split: split the kept documents among themselves
+            val_mask[kept_ids] = assign_splits(kept_ids.size, data.validation_fraction, data.seed)
+    split_docs = {0: np.flatnonzero(~val_mask & kept), 1: np.flatnonzero(val_mask & kept)}
     blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
 
     t = time.perf_counter()
@@ -608,6 +739,10 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     splits = _pair_blocks(pairer, blocks, chars, data, work)
     timings["split_tokenize_pair"] = time.perf_counter() - t
 
+    if len(splits["train"]) == 0 and data.objective == "mlm":
+        raise DataError(
+            f"{describe_source(data)} gave no training examples: no training document has a token"
+        )
     if len(splits["train"]) == 0:
         raise DataError(
             f"{describe_source(data)} gave no training pairs: every document is a single sentence and there is no "
@@ -627,43 +762,59 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
 
 
 def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed) -> dict:
+    nsp = data.objective == "nsp"
     per_split = {}
     for s, name in enumerate(SPLITS):
         block_files = sorted(stats_dir.glob(f"{s}_*.json"))
         blk = _sum_block_stats(block_files)
         ds = dd[name]
-        pairs, example_tokens, histogram = _length_summary(
+        examples, example_tokens, histogram = _length_summary(
             ds.data.table.column("input_ids"), data.max_seq_length
         )
-        entry = {
-            "examples": pairs,
+        entry: dict[str, Any] = {
+            "examples": examples,
             "blocks": len(block_files),
             "documents": int(blk.get("documents", 0)),
             "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
-            # documents marked with [SEP] rather than the faster inline marker (tokenizer.inline_marker)
-            "sep_marked_documents": int(blk.get("sep_marked_documents", 0)),
-            "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
-            "sentences": int(blk.get("sentences", 0)),
-            "sentences_without_tokens": int(blk.get("sentences_without_tokens", 0)),
-            "sentences_cut_to_max_length": int(blk.get("sentences_cut_to_max_length", 0)),
-            "tokens": int(blk.get("tokens", 0)),
-            "example_tokens": example_tokens,
-            "nsp": {
-                "random_next": int(blk.get("random_next", 0)),
-                "is_next": pairs - int(blk.get("random_next", 0)),
-                "random_share": (blk.get("random_next", 0) / pairs) if pairs else None,
+        }
+        if nsp:
+            random_next = int(blk.get("random_next", 0))
+            entry.update(
+                {
+                    # documents marked with [SEP] rather than the faster inline marker (tokenizer.inline_marker)
+                    "sep_marked_documents": int(blk.get("sep_marked_documents", 0)),
+                    "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
+                    "sentences": int(blk.get("sentences", 0)),
+                    "sentences_without_tokens": int(blk.get("sentences_without_tokens", 0)),
+                    "sentences_cut_to_max_length": int(blk.get("sentences_cut_to_max_length", 0)),
+                }
+            )
+        entry["tokens"] = int(blk.get("tokens", 0))
+        entry["example_tokens"] = example_tokens
+        if nsp:
+            entry["nsp"] = {
+                "random_next": random_next,
+                "is_next": examples - random_next,
+                "random_share": (random_next / examples) if examples else None,
                 "forced_random": int(blk.get("forced_random", 0)),
                 "no_other_document": int(blk.get("no_other_document", 0)),
                 "skipped_single_segment": int(blk.get("skipped_single_segment", 0)),
-            },
-            "truncated_tokens": int(blk.get("truncated_tokens", 0)),
-            "length_histogram": histogram,
-            "mean_length": example_tokens / pairs if pairs else None,
-            "padding_fraction_at_max_seq_length": (
-                1.0 - example_tokens / (pairs * data.max_seq_length) if pairs else None
-            ),
-            "cpu_seconds": blk.get("seconds", {}),
-        }
+            }
+            entry["truncated_tokens"] = int(blk.get("truncated_tokens", 0))
+        else:
+            entry["nsp"] = None
+            # [SEP] tokens put between consecutive documents of a block when packing
+            entry["document_separators"] = int(blk.get("document_separators", 0))
+        entry.update(
+            {
+                "length_histogram": histogram,
+                "mean_length": example_tokens / examples if examples else None,
+                "padding_fraction_at_max_seq_length": (
+                    1.0 - example_tokens / (examples * data.max_seq_length) if examples else None
+                ),
+                "cpu_seconds": blk.get("seconds", {}),
+            }
+        )
         if "mask" in blk:
             m = blk["mask"]
             sel = max(1, m["masked"])
@@ -683,10 +834,13 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
         "tokenizer_size": len(tokenizer),
         "model_vocab_size": round_vocab_size(len(tokenizer)),
         "max_seq_length": data.max_seq_length,
+        "objective": data.objective,
+        "documents_mode": data.documents,
         "masking": data.masking,
+        "max_predictions_per_seq": data.max_predictions(),
         "documents": {**asdict(read_stats), "documents_kept": read_stats.documents_kept},
         "splits": {name: v["examples"] for name, v in per_split.items()},
-        "nsp_random_share": per_split["train"]["nsp"]["random_share"],
+        "nsp_random_share": per_split["train"]["nsp"]["random_share"] if nsp else None,
         "per_split": per_split,
         "tokens": tokens,
         "seconds": {**timings, "total": elapsed},
@@ -695,10 +849,10 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
     }
 
 
-def _warnings(stats: dict) -> list[str]:
+def _warnings(stats: dict, data: DataConfig) -> list[str]:
     out = []
     train = stats["per_split"]["train"]
-    share = train["nsp"]["random_share"]
+    share = train["nsp"]["random_share"] if train["nsp"] else None
     if share is not None and not 0.45 <= share <= 0.55:
         why = ""
         if train["nsp"]["no_other_document"] or train["nsp"]["skipped_single_segment"]:
@@ -714,24 +868,41 @@ def _warnings(stats: dict) -> list[str]:
             f"skipped {d['records_without_text']} records without text and {d['invalid_json_lines']} invalid JSON "
             f"lines; first: {d['first_problem']}"
         )
+    if d["binary_files"]:
+        out.append(f"skipped {d['binary_files']} files that look binary; first: {d['first_binary_file']}")
+    if d["duplicate_paths"]:
+        out.append(
+            f"{d['duplicate_paths']} files were reached twice and read once; first: {d['first_duplicate_path']}"
+        )
+    cap = data.masking_cap_warning()
+    if cap:
+        out.append(cap)
     return out
 
 
 def print_summary(stats: dict, path: Path) -> None:
     """A short human summary of ``stats.json``."""
     d, train, val = stats["documents"], stats["per_split"]["train"], stats["per_split"]["validation"]
+    dupes = f", {d['duplicate_documents']} duplicates removed" if d["duplicate_documents"] else ""
+    sentences = f"sentences: {train['sentences'] + val['sentences']}, " if train["nsp"] is not None else ""
     lines = [
         f"prepared {stats['source']} -> {path}",
-        f"  documents: {d['documents_read']} read, {d['documents_kept']} kept, {d['dropped_empty']} empty dropped, "
-        f"{train['documents']} train / {val['documents']} validation",
-        f"  sentences: {train['sentences'] + val['sentences']}, tokens: {stats['tokens']}, "
+        f"  documents: {d['documents_read']} read, {d['documents_kept']} kept, {d['dropped_empty']} empty "
+        f"dropped{dupes}, {train['documents']} train / {val['documents']} validation "
+        f"(data.documents={stats['documents_mode']})",
+        f"  {sentences}tokens: {stats['tokens']}, "
         f"tokenizer: {stats['tokenizer_size']} (model vocab {stats['model_vocab_size']})",
-        f"  examples: {train['examples']} train / {val['examples']} validation, max_seq_length "
-        f"{stats['max_seq_length']}, mean length {train['mean_length'] or 0:.1f}, padding at max length "
-        f"{(train['padding_fraction_at_max_seq_length'] or 0):.1%}",
-        f"  NSP random share (train): {train['nsp']['random_share'] or 0:.3f} "
-        f"({train['nsp']['forced_random']} forced by one-segment chunks)",
+        f"  examples ({stats['objective']}): {train['examples']} train / {val['examples']} validation, "
+        f"max_seq_length {stats['max_seq_length']}, mean length {train['mean_length'] or 0:.1f}, padding at "
+        f"max length {(train['padding_fraction_at_max_seq_length'] or 0):.1%}",
     ]
+    if train["nsp"] is not None:
+        lines.append(
+            f"  NSP random share (train): {train['nsp']['random_share'] or 0:.3f} "
+            f"({train['nsp']['forced_random']} forced by one-segment chunks)"
+        )
+    else:
+        lines.append("  objective mlm: packed sequences, no NSP labels (the NSP loss is not trained)")
     if "masking" in train:
         m = train["masking"]
         lines.append(
@@ -744,7 +915,7 @@ def print_summary(stats: dict, path: Path) -> None:
         + ", ".join(f"{k} {v:.1f}" for k, v in sec.items())
         + f"; {stats['tokens_per_sec']:.0f} tokens/s"
     )
-    lines += [f"  warning: {w}" for w in _warnings(stats)]
+    lines += [f"  warning: {w}" for w in stats.get("warnings", [])]
     print("\n".join(lines), flush=True)
 
 
@@ -761,7 +932,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     try:
         tmp.mkdir()
         stats = _build(cfg, tmp, force)
-        stats["warnings"] = _warnings(stats)
+        stats["warnings"] = _warnings(stats, data)
         stats["fingerprint"] = folder_fingerprint(tmp)
         _say_if_rebuilt_differently(final, stats["fingerprint"])
         save_config(data_only(cfg), tmp / "config.yaml")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -258,11 +259,24 @@ def parameter_counts(model: BertForPreTraining) -> dict[str, int]:
     }
 
 
+def static_mask_cap(data_cfg: Any) -> int | None:
+    """Masked positions per sequence the masking never exceeds (for a static-shape gather), or None.
+
+    Whole-word masking can exceed the cap (a word longer than the budget is masked whole), so it
+    gets the dynamic gather.
+    """
+    return None if data_cfg.whole_word_masking else data_cfg.max_predictions()
+
+
 class PretrainingModel(nn.Module):
     """``BertForPreTraining`` plus a loss that reports sums, so a step can normalise them globally.
 
     ``forward`` returns fp32 scalars: ``mlm_loss_sum`` (cross-entropy summed over masked tokens),
     ``mlm_correct``, ``mlm_count``, ``nsp_loss_sum``, ``nsp_correct``, ``nsp_count``.
+
+    Without ``next_sentence_label`` (data prepared with ``objective=mlm``) no NSP loss is computed:
+    ``nsp_count`` is 0 and ``nsp_loss_sum`` is ``0 * logits.sum()``, which keeps the NSP head and the
+    pooler in the graph with zero gradients, so DDP sees every parameter used in every step.
     """
 
     def __init__(
@@ -301,7 +315,7 @@ class PretrainingModel(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor,
         labels: torch.Tensor,
-        next_sentence_label: torch.Tensor,
+        next_sentence_label: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         out = self.model.bert(
@@ -322,6 +336,16 @@ class PretrainingModel(nn.Module):
         valid = targets != -100
         mlm_correct = ((logits.argmax(-1) == targets) & valid).sum()
         nsp_logits = heads.seq_relationship(pooled).float()
+        if next_sentence_label is None:
+            zero = nsp_logits.sum() * 0.0
+            return {
+                "mlm_loss_sum": mlm_loss_sum,
+                "mlm_correct": mlm_correct.float(),
+                "mlm_count": valid.sum().float(),
+                "nsp_loss_sum": zero,
+                "nsp_correct": zero.detach(),
+                "nsp_count": zero.detach(),
+            }
         nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum")
         return {
             "mlm_loss_sum": mlm_loss_sum,

@@ -37,13 +37,13 @@ def evaluate(model: Any, val_ds: Any, collator: Any, cfg: Any, accelerator: Any,
         sums += weight * torch.stack([out[k].double() for k in SUM_KEYS])
     model.train()
     s = dict(zip(SUM_KEYS, accelerator.reduce(sums, reduction="sum").tolist()))
-    masked, seqs = max(s["mlm_count"], 1.0), max(s["nsp_count"], 1.0)
+    masked, seqs = max(s["mlm_count"], 1.0), s["nsp_count"]
     mlm = s["mlm_loss_sum"] / masked
     return {
         "eval/loss_mlm": mlm,
-        "eval/loss_nsp": s["nsp_loss_sum"] / seqs,
+        "eval/loss_nsp": s["nsp_loss_sum"] / seqs if seqs else None,  # None: no NSP labels (objective=mlm)
         "eval/accuracy_mlm": s["mlm_correct"] / masked,
-        "eval/accuracy_nsp": s["nsp_correct"] / seqs,
+        "eval/accuracy_nsp": s["nsp_correct"] / seqs if seqs else None,
         "eval/perplexity": math.exp(min(mlm, 80.0)),
         "eval/masked_tokens": int(s["mlm_count"]),
     }

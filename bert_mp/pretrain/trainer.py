@@ -49,6 +49,7 @@ from bert_mp.model.bert import (
     check_init_from,
     compile_model,
     parameter_counts,
+    static_mask_cap,
 )
 from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
@@ -133,7 +134,7 @@ class Trainer:
             install_fast_dropout(model)
         self.inner, self.counts = model, parameter_counts(model)
         wrapped = PretrainingModel(
-            model, cfg.model.sparse_mlm_head, max_predictions_per_seq=cfg.data.max_predictions_per_seq
+            model, cfg.model.sparse_mlm_head, max_predictions_per_seq=static_mask_cap(cfg.data)
         )
         wrapped = compile_model(wrapped, tc.compile)
         optimizer = build_optimizer(wrapped, tc, acc.device)
@@ -292,7 +293,7 @@ class Trainer:
             tokens=int(totals.tokens),
             padded_tokens=int(totals.padded_tokens),
             attention_flops_tokens=totals.attention_flops_tokens,
-            sequences=int(totals.nsp_count),
+            sequences=self.geometry.global_batch,  # also without NSP labels (objective=mlm)
             lr=lr,
             grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
             step_time_s=now - self.t_prev,

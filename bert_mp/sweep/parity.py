@@ -62,7 +62,8 @@ def curves_from_rows(rows: Sequence[dict]) -> Curves:
             continue
         keys = TRAIN_KEYS + ("loss/total",) if kind == "train" else EVAL_LOSS_KEYS + EVAL_ACC_KEYS
         for key in keys:
-            if key in row:
+            # a null NSP metric means no NSP labels (objective=mlm): no curve, the check is n/a
+            if key in row and not (row[key] is None and "nsp" in key):
                 by_kind[kind].setdefault(key, {})[int(row["step"])] = _as_float(row[key])
     return Curves(
         train={k: sorted(v.items()) for k, v in by_kind["train"].items()},

@@ -478,6 +478,14 @@ def overview_section(rep: Report) -> list[Section]:
                 f"WARN <= {rules.fail_multiplier:g}x, FAIL above; hard FAIL on NaN/inf, an incomplete run, or a "
                 f"smoothed MLM loss more than {rules.divergence_rel:.0%} from fp32 at any step. Train checks use the "
                 "mean deviation over all steps, eval checks the final evaluation.",
+                *(
+                    [
+                        "Objective `mlm`: packed sequences without NSP labels; NSP is not used (no NSP loss is "
+                        "trained), so the NSP checks and columns are n/a."
+                    ]
+                    if dcfg.get("objective") == "mlm"
+                    else []
+                ),
             ],
         )
     ]

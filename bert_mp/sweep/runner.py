@@ -356,7 +356,7 @@ class Sweep:
 
         from bert_mp.core.precision import resolve_precision
         from bert_mp.data.prepare import prepare
-        from bert_mp.model.bert import PretrainingModel, bert_config
+        from bert_mp.model.bert import PretrainingModel, bert_config, static_mask_cap
         from bert_mp.sweep.diagnostics import (
             dimension_flags,
             model_dimensions,
@@ -380,7 +380,7 @@ class Sweep:
                 model = PretrainingModel(
                     BertForPreTraining(bcfg),
                     cfg.model.sparse_mlm_head,
-                    max_predictions_per_seq=cfg.data.max_predictions_per_seq,
+                    max_predictions_per_seq=static_mask_cap(cfg.data),
                 ).to(device)
                 model.model.set_attn_implementation(cfg.model.attn_implementation)
                 batch = synthetic_batch(
@@ -389,7 +389,7 @@ class Sweep:
                     seq,
                     device,
                     seed=cfg.train.seed,
-                    max_predictions=cfg.data.max_predictions_per_seq,
+                    max_predictions=cfg.data.max_predictions(),
                 )
                 plan = resolve_precision(r.precision, device, allow_emulated=cfg.hardware.allow_emulated)
                 result = probe_precision(model, batch, plan, steps=self.cfg.sweep.profile_steps)

@@ -1,0 +1,44 @@
+"""MLM-only examples: documents packed into full-length sequences (``data.objective=mlm``).
+
+The tokens of a block's documents, in document order, with one ``[SEP]`` between consecutive
+documents, are cut into runs of ``max_seq_length - 2`` tokens; each run becomes
+``[CLS] run [SEP]``. Every example but the block's last is full length: no padding, no NSP label
+(RoBERTa's FULL-SENTENCES without the sentence-boundary constraint, i.e. ``run_mlm.py``'s
+``group_texts``; a run may start or end inside a sentence, and, rarely, right at a document
+separator). There is no randomness: the examples are a function of the block's tokens alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pack_documents(
+    flat: np.ndarray, doc_lengths: np.ndarray, max_seq_length: int, cls_id: int, sep_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pack documents (``flat`` split by ``doc_lengths``, none empty) into ``[CLS] ... [SEP]`` rows.
+
+    Returns ``(input_ids, offsets)``: example ``k`` is ``input_ids[offsets[k]:offsets[k + 1]]``,
+    at most ``max_seq_length`` long.
+    """
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length={max_seq_length} leaves no room for text next to [CLS] and [SEP]")
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    if doc_lengths.size == 0:
+        return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+    assert (doc_lengths > 0).all() and int(doc_lengths.sum()) == len(flat)
+    stream = np.insert(flat.astype(np.int32, copy=False), np.cumsum(doc_lengths)[:-1], sep_id)
+    body = max_seq_length - 2
+    n = len(stream)
+    n_examples = -(-n // body)
+    lengths = np.minimum(body, n - np.arange(n_examples, dtype=np.int64) * body) + 2
+    offsets = np.zeros(n_examples + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.int32)
+    # token t of the stream sits in example t // body, after that example's [CLS] and the two
+    # special tokens of every example before it
+    t = np.arange(n, dtype=np.int64)
+    out[t + 2 * (t // body) + 1] = stream
+    out[offsets[:-1]] = cls_id
+    out[offsets[1:] - 1] = sep_id
+    return out, offsets
