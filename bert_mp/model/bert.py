@@ -259,13 +259,16 @@ def parameter_counts(model: BertForPreTraining) -> dict[str, int]:
     }
 
 
-def static_mask_cap(data_cfg: Any) -> int | None:
+def static_mask_cap(data_cfg: Any, device: torch.device) -> int | None:
     """Masked positions per sequence the masking never exceeds (for a static-shape gather), or None.
 
-    Whole-word masking can exceed the cap (a word longer than the budget is masked whole), so it
-    gets the dynamic gather.
+    Only on CUDA, where the dynamic gather's ``nonzero`` is a host sync; on a CPU it costs nothing
+    and keeps the loss sum's exact summation order. Whole-word masking can exceed the cap (a word
+    longer than the budget is masked whole), so it always gets the dynamic gather.
     """
-    return None if data_cfg.whole_word_masking else data_cfg.max_predictions()
+    if torch.device(device).type != "cuda" or data_cfg.whole_word_masking:
+        return None
+    return data_cfg.max_predictions()
 
 
 class PretrainingModel(nn.Module):

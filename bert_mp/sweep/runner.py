@@ -380,7 +380,7 @@ class Sweep:
                 model = PretrainingModel(
                     BertForPreTraining(bcfg),
                     cfg.model.sparse_mlm_head,
-                    max_predictions_per_seq=static_mask_cap(cfg.data),
+                    max_predictions_per_seq=static_mask_cap(cfg.data, device),
                 ).to(device)
                 model.model.set_attn_implementation(cfg.model.attn_implementation)
                 batch = synthetic_batch(
