@@ -224,7 +224,7 @@ def test_collator_and_model_without_nsp_labels():
     from transformers import BertConfig, BertForPreTraining
 
     from bert_mp.data.masking import PretrainingCollator
-    from bert_mp.model import PretrainingModel
+    from bert_mp.model.bert import PretrainingModel
 
     tok = make_tokenizer()
     collator = PretrainingCollator(tok, DataConfig(max_seq_length=32), seed=0)

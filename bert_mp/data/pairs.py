@@ -65,11 +65,7 @@ class NspBalance:
     """Change of ``p`` per pair of surplus (or deficit) of random pairs."""
 
     def free_random_prob(self) -> float:
-        f = self.forced / (self.total + self.prior)
-        if f >= 1.0:
-            return 0.0
-        p = (self.target - f) / (1.0 - f) + self.gain * (self.target * self.total - self.random)
-        return min(1.0, max(0.0, p))
+        return _free_random_prob(self.target, self.prior, self.gain, self.total, self.forced, self.random)
 
     def record(self, forced: bool, label: int) -> None:
         self.total += 1
@@ -144,19 +140,12 @@ def block_pairs(
     balance: NspBalance,
     stats: PairStats,
 ) -> list[tuple[int, int, int, int, int]]:
-    """:func:`document_pairs` for each of ``docs`` in order, in one loop.
-
-    With ``rng_keys``, ``rng`` is reseeded with ``rng_keys[k]`` before document ``docs[k]`` (the
-    same state as ``random.Random(key)``); with ``None`` it runs on. One call per block instead of
-    one per document: on corpora of short documents the per-document call, attribute and object
-    overhead is a large share of pairing. The running balance and the counts live in locals here and
-    are written back at the end.
-    """
+    """:func:`document_pairs` for each of ``docs`` in order, in one loop (per-document call overhead is a
+    large share of pairing on short documents); ``rng`` is reseeded with ``rng_keys[k]`` before
+    ``docs[k]`` (the state of ``random.Random(key)``), or runs on with ``None``. Counts live in locals."""
     reseed = _random.Random.seed  # what random.Random(int) runs, without building a new object
     uniform, getrandbits = rng.random, rng.getrandbits
-    n_docs = len(doc_sents) - 1
-    max_tokens = params.max_num_tokens
-    short_prob = params.short_seq_prob
+    n_docs, max_tokens, short_prob = len(doc_sents) - 1, params.max_num_tokens, params.short_seq_prob
     b_target, b_prior, b_gain = balance.target, balance.prior, balance.gain
     b_total, b_forced, b_random = balance.total, balance.forced, balance.random
     n_skipped = n_no_other = n_truncated = 0
@@ -180,14 +169,10 @@ def block_pairs(
             forced = n_seg == 1
             if forced:
                 want_random = True
-            else:  # NspBalance.free_random_prob, inline
-                f = b_forced / (b_total + b_prior)
-                if f >= 1.0:
-                    p = 0.0
-                else:
-                    p = (b_target - f) / (1.0 - f) + b_gain * (b_target * b_total - b_random)
-                    p = min(1.0, max(0.0, p))
-                want_random = uniform() < p
+            else:
+                want_random = uniform() < _free_random_prob(
+                    b_target, b_prior, b_gain, b_total, b_forced, b_random
+                )
             if want_random and n_docs < 2:
                 if forced:
                     n_skipped += 1
@@ -219,15 +204,29 @@ def block_pairs(
             b_forced += forced
             b_random += label
             chunk_start = i + 1
-    n_new = b_total - balance.total
-    stats.pairs += n_new
-    stats.random_next += b_random - balance.random
-    stats.forced_random += b_forced - balance.forced
     stats.no_other_document += n_no_other
     stats.skipped_single_segment += n_skipped
     stats.truncated_tokens += n_truncated
-    balance.total, balance.forced, balance.random = b_total, b_forced, b_random
+    _write_back(stats, balance, b_total, b_forced, b_random)
     return out
+
+
+def _free_random_prob(
+    target: float, prior: float, gain: float, total: int, forced: int, random_: int
+) -> float:
+    """:meth:`NspBalance.free_random_prob` on the block loop's local counts."""
+    f = forced / (total + prior)
+    if f >= 1.0:
+        return 0.0
+    return min(1.0, max(0.0, (target - f) / (1.0 - f) + gain * (target * total - random_)))
+
+
+def _write_back(stats: PairStats, balance: NspBalance, total: int, forced: int, random_: int) -> None:
+    """The block loop's running counts back into ``stats`` and ``balance``."""
+    stats.pairs += total - balance.total
+    stats.random_next += random_ - balance.random
+    stats.forced_random += forced - balance.forced
+    balance.total, balance.forced, balance.random = total, forced, random_
 
 
 def build_examples(

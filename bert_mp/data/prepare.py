@@ -606,7 +606,7 @@ def _pair_blocks(
     in lane order and are put back in (split, block) order, so the rows are the same for any
     ``num_proc``; that only relies on ``map`` keeping row order, and the balance on its sharding.
     """
-    from datasets import Dataset, concatenate_datasets
+    from datasets import Dataset
     from datasets.table import InMemoryTable
 
     keys = [(s, b) for s in range(len(SPLITS)) for b in range(len(blocks[s]))]
@@ -662,8 +662,14 @@ def _pair_blocks(
         raise RuntimeError(
             f"pairing wrote {len(paired)} rows but the block statistics count {int(examples.sum())}"
         )
-    # each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
-    # block order (an index mapping would copy every row again when the dataset is saved)
+    return _blocks_to_splits(paired, keys, examples, real)
+
+
+def _blocks_to_splits(paired: Any, keys: list, examples: np.ndarray, real: list[int]) -> dict:
+    """Each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
+    block order (an index mapping would copy every row again when the dataset is saved)."""
+    from datasets import concatenate_datasets
+
     start = np.zeros(len(keys), dtype=np.int64)
     start[real] = np.concatenate([[0], np.cumsum(examples[real])[:-1]])
     out = {}
@@ -761,6 +767,30 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     return stats
 
 
+def _nsp_stats(blk: dict, examples: int, random_next: int) -> dict:
+    """The NSP label balance of a split, from its summed block statistics."""
+    return {
+        "random_next": random_next,
+        "is_next": examples - random_next,
+        "random_share": (random_next / examples) if examples else None,
+        "forced_random": int(blk.get("forced_random", 0)),
+        "no_other_document": int(blk.get("no_other_document", 0)),
+        "skipped_single_segment": int(blk.get("skipped_single_segment", 0)),
+    }
+
+
+def _masking_stats(m: dict) -> dict:
+    """Static masking's shares: of the candidates, and the 80/10/10 split of the masked."""
+    sel = max(1, m["masked"])
+    return {
+        "masked": m["masked"],
+        "masked_share_of_candidates": m["masked"] / max(1, m["candidates"]),
+        "as_mask_token": m["as_mask_token"] / sel,
+        "as_random_token": (m["masked"] - m["as_mask_token"] - m["unchanged"]) / sel,
+        "unchanged": m["unchanged"] / sel,
+    }
+
+
 def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed) -> dict:
     nsp = data.objective == "nsp"
     per_split = {}
@@ -792,14 +822,7 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
         entry["tokens"] = int(blk.get("tokens", 0))
         entry["example_tokens"] = example_tokens
         if nsp:
-            entry["nsp"] = {
-                "random_next": random_next,
-                "is_next": examples - random_next,
-                "random_share": (random_next / examples) if examples else None,
-                "forced_random": int(blk.get("forced_random", 0)),
-                "no_other_document": int(blk.get("no_other_document", 0)),
-                "skipped_single_segment": int(blk.get("skipped_single_segment", 0)),
-            }
+            entry["nsp"] = _nsp_stats(blk, examples, random_next)
             entry["truncated_tokens"] = int(blk.get("truncated_tokens", 0))
         else:
             entry["nsp"] = None
@@ -816,15 +839,7 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
             }
         )
         if "mask" in blk:
-            m = blk["mask"]
-            sel = max(1, m["masked"])
-            entry["masking"] = {
-                "masked": m["masked"],
-                "masked_share_of_candidates": m["masked"] / max(1, m["candidates"]),
-                "as_mask_token": m["as_mask_token"] / sel,
-                "as_random_token": (m["masked"] - m["as_mask_token"] - m["unchanged"]) / sel,
-                "unchanged": m["unchanged"] / sel,
-            }
+            entry["masking"] = _masking_stats(blk["mask"])
         per_split[name] = entry
     tokens = sum(v["tokens"] for v in per_split.values())
     return {

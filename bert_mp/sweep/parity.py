@@ -248,8 +248,9 @@ def verdict(
         name = f"{kind}:{key}"
         seed = _metric_value(kind, spread_cmp[name]) if spread_cmp is not None else None
         checks[name] = _check(name, _metric_value(kind, comparison[name]), seed, rules, reasons)
-        if VERDICTS.index(checks[name]["status"]) > VERDICTS.index(worst):
-            worst = checks[name]["status"]
+        status = checks[name]["status"]  # "n/a": no such metric (NSP with objective=mlm)
+        if status in VERDICTS and VERDICTS.index(status) > VERDICTS.index(worst):
+            worst = status
     if spread is None:
         reasons.append(f"no second fp32 seed: tolerances use the floor min_spread={rules.min_spread:g}")
     return Verdict(
