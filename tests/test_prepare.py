@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _train_data import LEXICON as WORDS
 from transformers import AutoTokenizer
 
 from bert_mp.cli import main
@@ -18,51 +19,6 @@ from bert_mp.core.config import load_config
 from bert_mp.data import prepare as prep
 from bert_mp.data.masking import PretrainingCollator
 from bert_mp.errors import DataError
-
-WORDS = [
-    "the",
-    "a",
-    "module",
-    "function",
-    "returns",
-    "value",
-    "list",
-    "string",
-    "object",
-    "file",
-    "path",
-    "data",
-    "error",
-    "type",
-    "class",
-    "method",
-    "argument",
-    "default",
-    "number",
-    "name",
-    "time",
-    "system",
-    "process",
-    "thread",
-    "socket",
-    "buffer",
-    "stream",
-    "parser",
-    "token",
-    "encode",
-    "decode",
-    "read",
-    "write",
-    "open",
-    "close",
-    "call",
-    "raise",
-    "handle",
-    "check",
-    "format",
-    "convert",
-    "create",
-]
 
 
 def write_corpus(path: Path, n_docs: int = 150, seed: int = 0, max_sents: int = 10) -> Path:
