@@ -8,6 +8,8 @@ tiny model's loss visibly falls within a few dozen steps.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -120,14 +122,7 @@ def tiny_config(out: Path, **train_kw) -> Config:
     train.update(train_kw)
     cfg = Config(
         data=DataConfig(max_seq_length=32, mlm_probability=0.15, max_predictions_per_seq=5),
-        model=ModelConfig(
-            preset="tiny",
-            hidden_size=32,
-            num_attention_heads=2,
-            intermediate_size=64,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        ),
+        model=tiny_model_config(),
         train=TrainConfig(**train),
         # bf16/fp16 run everywhere, emulated where the CPU lacks them: at these sizes the tests check
         # the loop's numerics and bookkeeping, not speed
@@ -261,3 +256,28 @@ LEXICON = [
     "convert",
     "create",
 ]
+
+
+def tiny_model_config() -> ModelConfig:
+    """2 layers of width 32, dropout off: the model of the fast tests."""
+    return ModelConfig(
+        preset="tiny",
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+
+
+def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m bert_mp ARGS`` in a fresh process, offline, output captured."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "bert_mp", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

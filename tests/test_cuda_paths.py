@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from _train_data import tiny_model_config
 from transformers import BertForPreTraining
 
 from bert_mp.core.callbacks import attention_flops_tokens, peak_flops
-from bert_mp.core.config import ModelConfig, load_config
+from bert_mp.core.config import load_config
 from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import (
     accelerate_mixed_precision,
@@ -224,15 +225,7 @@ def test_fast_dropout_is_refused_on_cuda():
 
 def _tiny(**kw):
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        preset="tiny",
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return PretrainingModel(BertForPreTraining(bert_config(cfg, 256)), **kw)
+    return PretrainingModel(BertForPreTraining(bert_config(tiny_model_config(), 256)), **kw)
 
 
 def test_static_masked_gather_matches_nonzero():

@@ -4,11 +4,9 @@ metrics) -> a tiny sweep's verdicts -> the export -> fine-tuning from it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from _train_data import run_cli
 from test_finetune import _overrides as finetune_overrides
 from transformers import BertForPreTraining, BertForSequenceClassification
 
@@ -16,18 +14,6 @@ from bert_mp.core.io import read_jsonl
 from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "bert_mp", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_mlm_objective_prepare_train_sweep_export_finetune(tmp_path):
@@ -52,12 +38,14 @@ def test_mlm_objective_prepare_train_sweep_export_finetune(tmp_path):
         "train.eval_max_batches=2",
         "train.progress_bar=false",
     ]
-    proc = _cli("prepare", *data, cwd=tmp_path)
+    proc = run_cli("prepare", *data, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "examples (mlm)" in proc.stdout and "no NSP labels" in proc.stdout
 
     run = tmp_path / "run"
-    proc = _cli("train", *data, *model, *train, "train.max_steps=30", f"train.output_dir={run}", cwd=tmp_path)
+    proc = run_cli(
+        "train", *data, *model, *train, "train.max_steps=30", f"train.output_dir={run}", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(read_jsonl(run / "metrics.jsonl"))
     steps = [r for r in rows if r["kind"] == "train"]
@@ -75,7 +63,7 @@ def test_mlm_objective_prepare_train_sweep_export_finetune(tmp_path):
     assert exported.cls.seq_relationship.weight.shape[0] == 2
 
     sweep = tmp_path / "sweep"
-    proc = _cli(
+    proc = run_cli(
         "sweep",
         *data,
         *model,
@@ -106,7 +94,7 @@ def test_mlm_objective_prepare_train_sweep_export_finetune(tmp_path):
     assert v.checks["train:loss/nsp"]["status"] == "n/a" and v.checks["eval:eval/loss_nsp"]["status"] == "n/a"
 
     out = tmp_path / "ft"
-    proc = _cli(
+    proc = run_cli(
         "finetune",
         *finetune_overrides(run / "final", tmp_path, output_dir=out, epochs=3, save_model=True),
         cwd=tmp_path,

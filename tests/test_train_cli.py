@@ -6,23 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from _train_data import run_cli
 
 from bert_mp.core.io import read_jsonl
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "bert_mp.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.mark.slow  # ~40 s of CPU in three fresh processes; minutes on a loaded shared box
@@ -42,7 +30,7 @@ def test_cli_train_prepares_trains_and_exports(tmp_path):
         "train.eval_max_batches=2",
         "train.progress_bar=false",
     ]
-    proc = _cli("train", *overrides, cwd=tmp_path)
+    proc = run_cli("train", *overrides, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "bert-mp train: completed after 4 steps (final eval MLM loss" in proc.stdout
     run = tmp_path / "run"
@@ -53,10 +41,10 @@ def test_cli_train_prepares_trains_and_exports(tmp_path):
     assert (run / "final" / "model.safetensors").is_file() and (run / "final" / "tokenizer.json").is_file()
 
     # user errors end in one line on stderr, exit 2, before any work
-    bad = _cli("train", *overrides, "model.max_position_embeddings=32", cwd=tmp_path)
+    bad = run_cli("train", *overrides, "model.max_position_embeddings=32", cwd=tmp_path)
     assert bad.returncode == 2
     assert "max_position_embeddings" in bad.stderr and "Traceback" not in bad.stderr
-    bad = _cli("train", *overrides, "model.vocab_size=100", cwd=tmp_path)
+    bad = run_cli("train", *overrides, "model.vocab_size=100", cwd=tmp_path)
     assert bad.returncode == 2 and "smaller than the tokenizer" in bad.stderr
 
 
