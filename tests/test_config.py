@@ -98,3 +98,15 @@ def test_a_tracker_that_is_not_installed_is_refused(monkeypatch):
     ):
         load_config(None, ["train.log_with=[wandb]"])
     assert load_config(None, ["train.log_with=[tensorboard]"]).train.log_with == ["tensorboard"]
+
+
+def test_saved_config_is_omegaconfs_yaml(tmp_path):
+    """save_config writes what OmegaConf would (lists, None, nested sections), without its cost."""
+    from omegaconf import OmegaConf
+
+    from bert_mp.core.config import load_config, save_config
+
+    cfg = load_config(None, ["data.paths=[a.txt,b c.txt]", "train.log_with=[]", "model.init_from=null"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert (tmp_path / "config.yaml").read_text() == OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    assert load_config(str(tmp_path / "config.yaml"), []) == cfg

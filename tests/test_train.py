@@ -197,3 +197,97 @@ def test_only_a_completed_run_exits_zero():
     assert exit_code({"status": "stopped", "stop_reason": "signal SIGTERM"}) == 143
     assert exit_code({"status": "stopped", "stop_reason": "signal SIGINT"}) == 130
     assert exit_code({"status": "stopped", "stop_reason": "parity: left the band"}) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# train.metrics_sync=log: step metrics read back at log points (the CUDA default), same figures
+# --------------------------------------------------------------------------------------------------
+TIMING_KEYS = {"time/step_ms", "throughput/tokens_per_sec", "throughput/seqs_per_sec", "throughput/mfu"}
+TIMING_KEYS |= {"data/wait_fraction", "memory/peak_bytes"}
+
+
+def _without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_metrics_read_at_log_points_match_every_step(data, tmp_path, precision):
+    """Same losses, learning rates, grad norms, token counts, eval and weights whether the host reads
+    the step metrics every step or every log_every steps (which need not divide max_steps or save_every)."""
+    out = {}
+    for mode in ("step", "log"):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        out[mode] = tmp_path / mode
+        kw = dict(
+            precision=precision, max_steps=7, log_every=3, eval_every=5, save_every=4, metrics_sync=mode
+        )
+        summary = train(tiny_config(out[mode], **kw), data)
+        assert summary["status"] == "completed" and summary["steps"] == 7
+        out[mode] = (out[mode], summary)
+    (a, sa), (b, sb) = out["step"], out["log"]
+    rows_a, rows_b = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert [r["step"] for r in _metrics(b)] == list(range(1, 8))
+    assert _without_timing(rows_a) == _without_timing(rows_b)
+    assert sa["tokens_seen"] == sb["tokens_seen"] > 0
+    assert sa["throughput"]["steps_measured"] == sb["throughput"]["steps_measured"]
+    wa = load_file(a / "final" / "model.safetensors")
+    wb = load_file(b / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_metrics_sync_auto_reads_every_step_off_cuda():
+    from bert_mp.pretrain.trainer import syncs_each_step
+
+    assert syncs_each_step("auto", torch.device("cpu")) is True
+    assert syncs_each_step("auto", torch.device("cuda")) is False
+    assert syncs_each_step("log", torch.device("cpu")) is False
+    assert syncs_each_step("step", torch.device("cuda")) is True
+
+
+def test_nonfinite_loss_read_late_stops_naming_the_last_good_checkpoint(data, tmp_path):
+    """With metrics_sync=log a NaN at step 5 is seen at the step-6 read; the checkpoint of step 4 is the
+    last good state and nothing is saved after the NaN."""
+    run = tmp_path / "run"
+    cfg = tiny_config(run, max_steps=9, log_every=3, save_every=4, metrics_sync="log")
+    with pytest.raises(TrainingError) as err:
+        train(cfg, data, build_model=nan_forward_builder(lambda n: n == 5))
+    msg = str(err.value)
+    assert "non-finite loss (nan) at step 5 in fp32, read back at step 6" in msg
+    assert msg.endswith("train.metrics_sync=step stops at the step itself with the state before it saved.")
+    assert str(run / "checkpoints" / "step_00000004") in msg
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000004"]
+    assert [r["step"] for r in _metrics(run)] == [1, 2, 3, 4]  # the steps read before the NaN
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "failed" and "read back at step 6" in s["error"]
+
+
+def test_signal_stops_the_same_step_when_metrics_are_read_late(data, tmp_path):
+    """One process: a SIGTERM seen during step 2 stops after step 2 in both modes, all rows written."""
+    stopped = {}
+    for mode in ("step", "log"):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        run = tmp_path / mode
+        build = nan_forward_builder(lambda n: False)
+
+        def signalling(*a, _build=build, **k):
+            model = _build(*a, **k)
+            calls = []
+
+            def hook(module, inputs, output):
+                calls.append(1)
+                if len(calls) == 2 and module.training:
+                    import os
+                    import signal
+
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return output
+
+            model.bert.embeddings.register_forward_hook(hook)
+            return model
+
+        s = train(tiny_config(run, max_steps=6, log_every=4, metrics_sync=mode), data, build_model=signalling)
+        stopped[mode] = (s["status"], s["stop_reason"], s["steps"], [r["step"] for r in _metrics(run)])
+        assert (run / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
+    assert stopped["step"] == stopped["log"] == ("stopped", "signal SIGTERM", 2, [1, 2])

@@ -197,9 +197,9 @@ def step_flops(facts: StepFacts, ctx: TrainContext) -> float:
 class ThroughputMonitor(BaseCallback):
     """Tokens/s (non-padding), sequences/s, step ms, MFU, data-wait fraction.
 
-    Step times are wall-clock between step ends. The loop reads each step's loss, which already
-    waits for the device; on CUDA this monitor additionally synchronises only at log points so the
-    windowed average it reports there is exact.
+    Step times are wall-clock between reads of the step metrics, shared evenly by the steps read
+    (every step, or every ``log_every`` steps with ``train.metrics_sync=log``); a read waits for the
+    device, so the time of each window, and the run's average, is exact.
     """
 
     def __init__(self, cfg: Any):
@@ -219,8 +219,6 @@ class ThroughputMonitor(BaseCallback):
     def on_step_end(self, state: Any, logs: dict) -> None:
         f, ctx = state.facts, self.ctx
         assert ctx is not None and f is not None
-        if ctx.device.type == "cuda" and state.step % self.cfg.train.log_every == 0:
-            torch.cuda.synchronize(ctx.device)
         dt = max(f.step_time_s, 1e-9)
         flops = step_flops(f, ctx)
         logs["time/step_ms"] = 1000.0 * dt

@@ -28,6 +28,8 @@ class Checkpointer:
         self.meta: dict = {}
         """Facts saved with every checkpoint (e.g. the data fingerprint); a restore reads them back."""
         self.restored_meta: dict = {}
+        self.last_saved: Path | None = None
+        """The newest checkpoint this loop wrote or resumed from (the last good state)."""
         self._clock: tuple[float, float] = (time.perf_counter(), 0.0)
 
     def restore(self, resume: str | None, state: LoopState) -> str | None:
@@ -44,6 +46,7 @@ class Checkpointer:
                 )
             else:
                 payload = ckpt.load_checkpoint(self.accelerator, folder)
+                self.last_saved = Path(folder)
                 self.restored_meta = payload.get("meta", {})
                 state.load_state_dict(payload)
                 for i, cb in enumerate(self.callbacks):
@@ -75,4 +78,7 @@ class Checkpointer:
             if hasattr(cb, "state_dict")
         }
         payload["meta"] = self.meta
-        return ckpt.save_checkpoint(self.accelerator, self.dir, state.step, payload, self.total_limit)
+        self.last_saved = ckpt.save_checkpoint(
+            self.accelerator, self.dir, state.step, payload, self.total_limit
+        )
+        return self.last_saved

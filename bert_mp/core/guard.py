@@ -47,6 +47,19 @@ class NumericsGuard:
             f"saved to {path}. Lower {s}.learning_rate or raise {s}.{self.warmup_key}."
         )
 
+    def check_logged_loss(self, loss: float, step: int, read_at: int, last_good: Path | None) -> None:
+        """A loss read back late (``train.metrics_sync=log``): the optimizer has stepped on it already,
+        so nothing is saved; the last checkpoint is the last good state."""
+        if math.isfinite(loss) or self.scaler is not None:
+            return
+        s = self.section
+        raise TrainingError(
+            f"non-finite loss ({loss}) at step {step} in {self.precision}, read back at step {read_at} "
+            f"({s}.metrics_sync=log); the model after it is not saved, last good checkpoint: "
+            f"{last_good or 'none'}. Lower {s}.learning_rate or raise {s}.{self.warmup_key}; "
+            f"{s}.metrics_sync=step stops at the step itself with the state before it saved."
+        )
+
     def after_step(self, skipped: bool, state: LoopState, save: Callable[[], Path]) -> None:
         """Count a skipped (overflowed) step; too many in a row, or a collapsed scale, stops the run."""
         if not skipped:

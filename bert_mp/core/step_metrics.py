@@ -42,20 +42,33 @@ class DeviceStepMetrics:
             raise ValueError(f"log_every must be >= 1 (got {self.log_every})")
         self.keys = tuple(self.keys)
 
-    def record(self, step: int, values: dict[str, Any], host: dict[str, Any] | None = None) -> None:
-        """Queue one step's scalars without reading them back."""
-        missing = [k for k in self.keys if k not in values]
-        if missing:
-            raise KeyError(f"step metrics missing {missing}; expected keys {list(self.keys)}")
-        device = next((v.device for v in values.values() if torch.is_tensor(v)), torch.device("cpu"))
-        row = torch.stack(
-            [
-                (v.detach().reshape(()) if torch.is_tensor(v) else torch.tensor(float(v), device=device)).to(
-                    device=device, dtype=torch.float64
-                )
-                for v in (values[k] for k in self.keys)
-            ]
-        )
+    def record(
+        self, step: int, values: dict[str, Any] | torch.Tensor, host: dict[str, Any] | None = None
+    ) -> None:
+        """Queue one step's scalars without reading them back.
+
+        ``values``: a dict with every key (0-d tensors or numbers), or a 1-d tensor with one value per
+        key in ``keys`` order (e.g. a step's all-reduced totals with the gradient norm appended).
+        """
+        if torch.is_tensor(values):
+            if values.numel() != len(self.keys):
+                raise ValueError(f"step metrics row has {values.numel()} values for {len(self.keys)} keys")
+            row = values.detach().reshape(-1).to(torch.float64)
+        else:
+            missing = [k for k in self.keys if k not in values]
+            if missing:
+                raise KeyError(f"step metrics missing {missing}; expected keys {list(self.keys)}")
+            device = next((v.device for v in values.values() if torch.is_tensor(v)), torch.device("cpu"))
+            row = torch.stack(
+                [
+                    (
+                        v.detach().reshape(())
+                        if torch.is_tensor(v)
+                        else torch.tensor(float(v), device=device)
+                    ).to(device=device, dtype=torch.float64)
+                    for v in (values[k] for k in self.keys)
+                ]
+            )
         self._rows.append(row)
         self._meta.append({"step": int(step), **(host or {})})
 

@@ -36,13 +36,30 @@ class StepTotals(LossSums):
     """Ranks that received a stop signal: above 0 means every rank stops after this step."""
 
     @classmethod
-    def reduce(cls, local: dict[str, torch.Tensor], accelerator: Any) -> StepTotals:
-        """All-reduce this rank's float32 scalars (one per field, any order in ``local``)."""
-        names = [f.name for f in fields(cls)]
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def reduce(cls, local: dict[str, torch.Tensor], accelerator: Any) -> torch.Tensor:
+        """All-reduce this rank's float32 scalars (one per field, any order in ``local``) as ONE vector.
+
+        The result stays on the device (nothing is read back): :meth:`read` or a metrics buffer turns it
+        into figures when the host needs them.
+        """
+        names = cls.names()
         missing = set(names) ^ set(local)
         assert not missing, f"step totals and local figures differ in {sorted(missing)}"
-        summed = accelerator.reduce(torch.stack([local[n] for n in names]), reduction="sum").tolist()
-        return cls(**dict(zip(names, summed)))
+        return accelerator.reduce(torch.stack([local[n] for n in names]), reduction="sum")
+
+    @classmethod
+    def from_values(cls, values: Any) -> StepTotals:
+        """Figures from a reduced vector's values (host numbers, in field order)."""
+        return cls(**{n: float(v) for n, v in zip(cls.names(), values)})
+
+    @classmethod
+    def read(cls, reduced: torch.Tensor) -> StepTotals:
+        """Read a reduced vector back to the host now (one device sync)."""
+        return cls.from_values(reduced.tolist())
 
     @property
     def loss(self) -> float:
@@ -61,11 +78,16 @@ def forward_backward(
     Gradients are synchronised across ranks on the last micro-batch only.
     """
     device, world = accelerator.device, accelerator.num_processes
-    # Normalisers of the whole step: masked tokens and sequences over all micro-batches and ranks.
-    local = torch.tensor(
-        [float(sum(int((b["labels"] != -100).sum()) for b in micro)), float(per_rank)], device=device
-    )
-    n_masked, n_seqs = accelerator.reduce(local, reduction="sum").tolist()
+    # Normalisers of the whole step: masked tokens and sequences over all micro-batches and ranks. The
+    # labels are still on the host; with several ranks the masked count is all-reduced and used as a
+    # device tensor, so nothing is read back before the forward passes.
+    n_seqs = float(per_rank * world)
+    n_masked: Any = float(sum(int((b["labels"] != -100).sum()) for b in micro))
+    if world > 1:
+        n_masked = accelerator.reduce(torch.tensor(n_masked, device=device), reduction="sum")
+        n_masked = n_masked.clamp(min=1.0)
+    else:
+        n_masked = max(n_masked, 1.0)
     sums = torch.zeros(len(SUM_KEYS), device=device)
     for i, batch in enumerate(micro):
         batch = drop_full_attention_mask(batch)  # no mask at all lets SDPA pick its flash kernel
@@ -76,7 +98,7 @@ def forward_backward(
             with plan.autocast():
                 o = model(**batch)
             # x world: DDP averages gradients over ranks, the normalisers are already global
-            loss = world * (o["mlm_loss_sum"] / max(n_masked, 1.0) + o["nsp_loss_sum"] / n_seqs)
+            loss = world * (o["mlm_loss_sum"] / n_masked + o["nsp_loss_sum"] / n_seqs)
             accelerator.backward(loss, **backward_kwargs(accelerator))
         sums += torch.stack([o[k].detach().float() for k in SUM_KEYS])
     masks = [b["attention_mask"] for b in micro]

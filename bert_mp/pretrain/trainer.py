@@ -42,6 +42,7 @@ from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog, clean
+from bert_mp.core.step_metrics import DeviceStepMetrics
 from bert_mp.errors import DataError, TrainingError
 from bert_mp.model.bert import (
     PretrainingModel,
@@ -58,6 +59,21 @@ from bert_mp.pretrain.step import StepTotals, forward_backward
 
 ModelBuilder = Callable[..., Any]
 """``build_model(model_cfg, vocab_size=, tokenizer_size=, max_seq_length=, pad_token_id=)``."""
+
+
+def grad_norm_row(grad_norm: Any, like: torch.Tensor) -> torch.Tensor:
+    """The gradient norm as a 1-element tensor beside the step totals (NaN where the engine clips)."""
+    if grad_norm is None:
+        return torch.full((1,), float("nan"), dtype=like.dtype, device=like.device)
+    return torch.as_tensor(grad_norm, dtype=like.dtype, device=like.device).reshape(1)
+
+
+def syncs_each_step(metrics_sync: str, device: torch.device) -> bool:
+    """``train.metrics_sync``: read every step (``step``), at log points (``log``); auto: log on CUDA only,
+    where a read stalls the host, and every step elsewhere, where it costs nothing."""
+    if metrics_sync == "auto":
+        return device.type != "cuda"
+    return metrics_sync == "step"
 
 
 class Trainer:
@@ -151,6 +167,8 @@ class Trainer:
         self.checkpointer = Checkpointer(acc, tc, tc.max_steps, self.callbacks)
         self.checkpointer.meta = {"data_fingerprint": self.data.stats.get("fingerprint")}
         self.guard = NumericsGuard.for_loop(tc, self.scaler, warmup_key="warmup_steps")
+        self.sync_each_step = syncs_each_step(tc.metrics_sync, acc.device)
+        self.pending = DeviceStepMetrics(keys=(*StepTotals.names(), "grad_norm"), log_every=tc.log_every)
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:
@@ -261,22 +279,31 @@ class Trainer:
         wait = time.perf_counter() - wait
         local = forward_backward(self.model, micro, self.accelerator, self.plan, self.geometry.per_rank)
         local["stop_flag"] = torch.tensor(1.0 if s.pending_signal else 0.0, device=self.accelerator.device)
-        totals = StepTotals.reduce(local, self.accelerator)
-        self.guard.check_loss(totals.loss, s, self.save_discarding_gradients)
+        reduced = StepTotals.reduce(local, self.accelerator)  # stays on the device
+        stop = False
+        if self.sync_each_step:  # read now: a non-finite loss stops before its optimizer step
+            totals = StepTotals.read(reduced)
+            self.guard.check_loss(totals.loss, s, self.save_discarding_gradients)
+            stop = totals.stop_flag > 0
+        elif self.geometry.world == 1:  # one rank: the signal is known on the host
+            stop = s.pending_signal is not None
         lr = self.scheduler.get_last_lr()[0]
         grad_norm, skipped = optimizer_step(
             self.accelerator, self.optimizer, self.model.parameters(), self.tc.max_grad_norm, self.scaler
         )
         s.advance_batch(self.sampler.batches_per_epoch)
-        if totals.stop_flag > 0:  # decided from the all-reduced flag, so every rank stops at this step
-            s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+        if stop:  # decided from the all-reduced flag, so every rank stops at this step
+            self.stop_for_signal()
         self.guard.after_step(skipped, s, self.save)
         if skipped:
             return
         self.scheduler.step()
         s.step += 1
-        s.tokens_seen += int(totals.tokens)
-        self.record_step(totals, lr, grad_norm, wait)
+        row = torch.cat([reduced, grad_norm_row(grad_norm, reduced)])
+        self.pending.record(s.step, row, {"lr": lr, "wait": wait})
+        self.log.progress(1)
+        if self.sync_each_step or self.pending.should_flush(s.step):
+            self.flush()
         if self.tc.eval_every and s.step % self.tc.eval_every == 0 and s.step < self.tc.max_steps:
             self.evaluate()
             self.t_prev = time.perf_counter()  # evaluation time is not step time
@@ -284,22 +311,52 @@ class Trainer:
             self.save()
             self.t_prev = time.perf_counter()  # checkpoint time is not step time
 
-    def record_step(self, totals: StepTotals, lr: float, grad_norm: Any, wait: float) -> None:
-        """Hand the step's facts to the callbacks, then write what they logged."""
-        s, tc = self.state, self.tc
+    def stop_for_signal(self) -> None:
+        s = self.state
+        s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+
+    def flush(self) -> None:
+        """Read the pending steps back (one device sync) and hand each to the guard, callbacks and log.
+
+        The wall time since the last read is shared evenly by the steps read: with
+        ``metrics_sync=log`` the host runs ahead of the device, so only the window's total is real.
+        """
+        rows = self.pending.flush()
+        if not rows:
+            return
         now = time.perf_counter()
+        step_time = (now - self.t_prev) / len(rows)
+        self.t_prev = now
+        s, real_step = self.state, self.state.step
+        try:
+            for row in rows:
+                totals = StepTotals.from_values(row[k] for k in StepTotals.names())
+                self.guard.check_logged_loss(
+                    totals.loss, row["step"], real_step, self.checkpointer.last_saved
+                )
+                s.step = row["step"]
+                s.tokens_seen += int(totals.tokens)
+                if totals.stop_flag > 0:
+                    self.stop_for_signal()
+                self.record_step(totals, row, step_time)
+        finally:
+            s.step = real_step
+
+    def record_step(self, totals: StepTotals, row: dict, step_time: float) -> None:
+        """Hand one step's facts to the callbacks, then write what they logged."""
+        s, tc = self.state, self.tc
+        grad_norm = row["grad_norm"]
         s.facts = StepFacts(
             **totals.sums(),
             tokens=int(totals.tokens),
             padded_tokens=int(totals.padded_tokens),
             attention_flops_tokens=totals.attention_flops_tokens,
             sequences=self.geometry.global_batch,  # also without NSP labels (objective=mlm)
-            lr=lr,
-            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-            step_time_s=now - self.t_prev,
-            data_wait_s=wait,
+            lr=row["lr"],
+            grad_norm=grad_norm,
+            step_time_s=step_time,
+            data_wait_s=row["wait"],
         )
-        self.t_prev = now
         logs: dict = {"step": s.step, "kind": "train"}
         for cb in self.callbacks:
             cb.on_step_end(s, logs)
@@ -311,12 +368,11 @@ class Trainer:
                 "mlm_acc": f"{logs.get('accuracy/mlm', 0.0):.3f}",
                 "tok_s": f"{logs.get('throughput/tokens_per_sec', 0.0):.0f}",
             }
-            self.log.progress(1, **postfix)
-        else:
-            self.log.progress(1)
+            self.log.progress(0, **postfix)
 
     # ---- evaluate, save, finish --------------------------------------------------------------------
     def evaluate(self) -> dict:
+        self.flush()
         acc = self.accelerator
         logs = {
             "step": self.state.step,
@@ -336,6 +392,7 @@ class Trainer:
         return logs
 
     def save(self) -> Path:
+        self.flush()  # the steps before a checkpoint are read (and checked) before it is written
         return self.checkpointer.save(self.state)
 
     def save_discarding_gradients(self) -> Path:
@@ -345,6 +402,7 @@ class Trainer:
 
     def end(self) -> dict:
         """After the loop: a stopped run saves and stops; a finished one evaluates, saves, exports."""
+        self.flush()
         self.log.close_bar()
         if self.state.stop_reason:
             self.save()
