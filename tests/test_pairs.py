@@ -225,9 +225,16 @@ def _walk_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats):
     return out
 
 
+def _document_pairs(doc, *args):
+    """One document's pairs: ``block_pairs`` on it alone, the generator running on."""
+    from bert_mp.data.pairs import block_pairs
+
+    return block_pairs([doc], None, *args)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_chunk_search_matches_the_sentence_walk(seed):
-    from bert_mp.data.pairs import PairParams, PairStats, document_pairs
+    from bert_mp.data.pairs import PairParams, PairStats
 
     rng = random.Random(seed)
     n_docs = rng.choice([1, 2, 5, 40])
@@ -237,7 +244,7 @@ def test_chunk_search_matches_the_sentence_walk(seed):
     doc_sents = [0, *np.cumsum(sents_per_doc).tolist()]
     params = PairParams(rng.choice([5, 29, 125, 509]), short_seq_prob=0.3, nsp_random_prob=0.5)
     got, want = [], []
-    for fn, out in ((document_pairs, got), (_walk_pairs, want)):
+    for fn, out in ((_document_pairs, got), (_walk_pairs, want)):
         r, balance, stats = random.Random(seed), NspBalance(0.5), PairStats()
         for d in range(n_docs):
             out.extend(fn(d, sent_bounds, doc_sents, params, r, balance, stats))
@@ -248,8 +255,8 @@ def test_chunk_search_matches_the_sentence_walk(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_block_pairs_with_reseeding_equals_a_fresh_generator_per_document(seed):
     """prepare pairs a whole block in one call, reseeding one generator per document: the same
-    pairs, balance and counts as document_pairs with ``random.Random(key)`` for each document."""
-    from bert_mp.data.pairs import PairParams, PairStats, block_pairs, document_pairs
+    pairs, balance and counts as pairing each document alone with ``random.Random(key)``."""
+    from bert_mp.data.pairs import PairParams, PairStats, block_pairs
 
     rng = random.Random(seed)
     n_docs = rng.choice([1, 3, 40])
@@ -263,7 +270,7 @@ def test_block_pairs_with_reseeding_equals_a_fresh_generator_per_document(seed):
     want = [
         p
         for d in range(n_docs)
-        for p in document_pairs(d, sent_bounds, doc_sents, params, random.Random(keys[d]), balance, stats)
+        for p in _document_pairs(d, sent_bounds, doc_sents, params, random.Random(keys[d]), balance, stats)
     ]
     balance2, stats2 = NspBalance(0.5), PairStats()
     got = block_pairs(range(n_docs), keys, sent_bounds, doc_sents, params, random.Random(), balance2, stats2)

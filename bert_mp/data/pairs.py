@@ -112,24 +112,6 @@ def _truncate(len_a: int, len_b: int, max_num_tokens: int, getrandbits: Any) -> 
     return a_front, drop_a - a_front, b_front, drop_b - b_front
 
 
-def document_pairs(
-    doc: int,
-    sent_bounds: Sequence[int],
-    doc_sents: Sequence[int],
-    params: PairParams,
-    rng: random.Random,
-    balance: NspBalance,
-    stats: PairStats,
-) -> list[tuple[int, int, int, int, int]]:
-    """Pairs of document ``doc`` of a block as ``(a_start, a_end, b_start, b_end, label)``.
-
-    ``sent_bounds[s]:sent_bounds[s + 1]`` is sentence ``s`` in the block's flat token array and
-    ``doc_sents[d]:doc_sents[d + 1]`` are the sentences of document ``d``; every sentence has at
-    least one token. Random B documents are drawn from the other documents of the block.
-    """
-    return block_pairs([doc], None, sent_bounds, doc_sents, params, rng, balance, stats)
-
-
 def block_pairs(
     docs: Sequence[int],
     rng_keys: Sequence[int] | None,
@@ -140,9 +122,14 @@ def block_pairs(
     balance: NspBalance,
     stats: PairStats,
 ) -> list[tuple[int, int, int, int, int]]:
-    """:func:`document_pairs` for each of ``docs`` in order, in one loop (per-document call overhead is a
-    large share of pairing on short documents); ``rng`` is reseeded with ``rng_keys[k]`` before
-    ``docs[k]`` (the state of ``random.Random(key)``), or runs on with ``None``. Counts live in locals."""
+    """Pairs of documents ``docs`` of a block, in order, as ``(a_start, a_end, b_start, b_end, label)``.
+
+    ``sent_bounds[s]:sent_bounds[s + 1]`` is sentence ``s`` in the block's flat token array and
+    ``doc_sents[d]:doc_sents[d + 1]`` are the sentences of document ``d``; every sentence has at
+    least one token. Random B documents are drawn from the other documents of the block. One loop
+    for all documents (per-document call overhead is a large share of pairing on short documents);
+    ``rng`` is reseeded with ``rng_keys[k]`` before ``docs[k]`` (the state of ``random.Random(key)``),
+    or runs on with ``None``. Counts live in locals and are written back at the end."""
     reseed = _random.Random.seed  # what random.Random(int) runs, without building a new object
     uniform, getrandbits = rng.random, rng.getrandbits
     n_docs, max_tokens, short_prob = len(doc_sents) - 1, params.max_num_tokens, params.short_seq_prob
@@ -277,9 +264,7 @@ def pairs_from_token_lists(
     flat = np.array([t for d in kept for s in d for t in s], dtype=np.int32)
     params = PairParams(max_seq_length - 3, short_seq_prob, nsp_random_prob)
     balance, stats = NspBalance(nsp_random_prob), PairStats()
-    pairs = []
-    for doc in range(len(kept)):
-        pairs.extend(document_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats))
+    pairs = block_pairs(range(len(kept)), None, sent_bounds, doc_sents, params, rng, balance, stats)
     if not pairs:
         return [], stats
     ids, types, offsets, labels = build_examples(flat, pairs, cls_id, sep_id)
