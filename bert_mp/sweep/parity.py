@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core.config import SweepConfig
 from bert_mp.core.io import read_jsonl
 from bert_mp.errors import ConfigError
 
@@ -165,13 +166,15 @@ def compare(run: Curves, ref: Curves, window: int) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class VerdictRules:
-    """Tolerances as multiples of the fp32 seed-to-seed spread, plus the hard-failure threshold."""
+    """Tolerances as multiples of the fp32 seed-to-seed spread, plus the hard-failure threshold.
 
-    window: int = 20
-    warn_multiplier: float = 2.0
-    fail_multiplier: float = 5.0
-    min_spread: float = 0.005
-    divergence_rel: float = 0.5
+    The defaults are the ``sweep`` section's (one definition, documented there)."""
+
+    window: int = SweepConfig.parity_window
+    warn_multiplier: float = SweepConfig.warn_multiplier
+    fail_multiplier: float = SweepConfig.fail_multiplier
+    min_spread: float = SweepConfig.min_spread
+    divergence_rel: float = SweepConfig.divergence_rel
 
     @classmethod
     def from_sweep(cls, sweep_cfg: Any) -> VerdictRules:
