@@ -152,8 +152,8 @@ def test_loss_memory_and_scale_monitors():
 def test_resumed_run_reports_throughput_and_parity_of_the_whole_run(tmp_path, monkeypatch):
     """Callback state is checkpointed: stopped at step 4 and resumed, the throughput and parity
     figures count all 8 steps, and parity equals the uninterrupted run's exactly."""
-    from _train_data import make_prepared, tiny_config
     from accelerate.state import AcceleratorState, GradientState
+    from support import make_prepared, tiny_config
 
     from bert_mp.core import callbacks
     from bert_mp.core.callbacks import BaseCallback

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_data import make_prepared, tiny_config
+from support import fresh_process_main, make_prepared, tiny_config
 from safetensors.torch import load_file
 from transformers import BertForPreTraining, BertForSequenceClassification
 
@@ -23,16 +23,13 @@ from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
 from bert_mp.model.bert import build_model
 
-TESTS = Path(__file__).parent
-
 
 def _run(
     cfg, data_root: Path, *extra: str, wait: bool = True
 ) -> subprocess.Popen | subprocess.CompletedProcess:
     cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
     save_config(cfg, cfg_path)
-    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import _train_data; _train_data.run_in_subprocess_main(sys.argv[1:])"
-    cmd = [sys.executable, "-c", code, str(cfg_path), str(data_root), *extra]
+    cmd = [sys.executable, "-c", fresh_process_main(), str(cfg_path), str(data_root), *extra]
     env = {
         **os.environ,
         "TOKENIZERS_PARALLELISM": "false",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "bert_mp"
+from support import ROOT
+
+PACKAGE = ROOT / "bert_mp"
 MAX_LINES = 80
 
 

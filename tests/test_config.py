@@ -1,12 +1,11 @@
-from pathlib import Path
-
 import pytest
+from support import ROOT
 
 from bert_mp.cli import main
 from bert_mp.core.config import Config, load_config
 from bert_mp.errors import ConfigError
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 RECIPES = [p for p in CONFIGS if "accelerate" not in p.parts]
 
 

@@ -10,17 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_prepare_golden import WORDS, fixed_tokenizer
+from support import FIXED_WORDS as WORDS
+from support import read_documents as _read
 
 from bert_mp.core.config import DataConfig, load_config
 from bert_mp.data import prepare as prep
-from bert_mp.data.corpus import ReadStats, iter_documents, looks_binary
+from bert_mp.data.corpus import looks_binary
 from bert_mp.errors import ConfigError
-
-
-def _read(**kw) -> tuple[list[str], ReadStats]:
-    stats = ReadStats()
-    return list(iter_documents(DataConfig(**kw), stats)), stats
 
 
 def _sentence(rng: random.Random, lo: int = 3, hi: int = 12) -> str:
@@ -40,11 +36,6 @@ def write_books(folder: Path, n_files: int = 6, seed: int = 0) -> Path:
                 paras.append(" ".join(_sentence(rng) for _ in range(rng.randint(1, 2))))
         (folder / f"book-{f}.txt").write_text("\n\n".join(paras) + "\n", encoding="utf-8")
     return folder
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    return fixed_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def _prepare(tmp: Path, tokenizer: Path, paths: list[Path], *extra: str) -> Path:
@@ -139,7 +130,7 @@ def test_masking_budget_follows_max_seq_length_and_warns_below_it():
 
 
 def test_collator_warns_about_a_low_cap():
-    from _train_data import make_tokenizer
+    from support import make_tokenizer
 
     from bert_mp.data.masking import PretrainingCollator
 
@@ -220,7 +211,7 @@ def test_mlm_objective_packs_full_length_rows_without_nsp_labels(tmp_path, token
 
 def test_collator_and_model_without_nsp_labels():
     import torch
-    from _train_data import make_tokenizer
+    from support import make_tokenizer
     from transformers import BertConfig, BertForPreTraining
 
     from bert_mp.data.masking import PretrainingCollator

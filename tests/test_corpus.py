@@ -7,16 +7,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support import read_documents as _read
 
-from bert_mp.core.config import DataConfig
 from bert_mp.data import corpus
-from bert_mp.data.corpus import ReadStats, iter_documents, resolve_paths
+from bert_mp.data.corpus import resolve_paths
 from bert_mp.errors import DataError
-
-
-def _read(**kw) -> tuple[list[str], ReadStats]:
-    stats = ReadStats()
-    return list(iter_documents(DataConfig(**kw), stats)), stats
 
 
 def test_text_blank_lines_separate_documents_with_any_line_endings(tmp_path):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from _train_data import tiny_model_config
+from support import ROOT, tiny_model_config
 from transformers import BertForPreTraining
 
 from bert_mp.core.callbacks import attention_flops_tokens, peak_flops
@@ -43,7 +42,6 @@ from bert_mp.sweep.diagnostics import (
     synthetic_batch,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 # Kernel names as the CUDA profiler reports them (cuBLAS / cuBLASLt / CUTLASS / SDPA backends).

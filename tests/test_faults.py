@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import copy
 import errno
-import importlib.util
 import json
 import os
 import random
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _train_data import inf_grad_builder, load_fixture, make_prepared, nan_forward_builder, tiny_config
+from support import (
+    inf_grad_builder,
+    load_fixture,
+    load_script,
+    make_prepared,
+    nan_forward_builder,
+    reset_accelerate,
+    tiny_config,
+)
 from safetensors.torch import load_file
 
 import bert_mp.pretrain.trainer as train_mod
@@ -28,25 +34,7 @@ from bert_mp.core import checkpoint as ckpt
 from bert_mp.core.io import read_jsonl
 from bert_mp.errors import TrainingError
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_drill():
-    spec = importlib.util.spec_from_file_location("fault_drill", ROOT / "scripts" / "fault_drill.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fault_drill"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-drill = _load_drill()
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("prepared")
-    make_prepared(root, n_train=64)
-    return root
+drill = load_script("fault_drill")
 
 
 def _train_in_process(cfg, prepared: Path) -> dict:
@@ -147,15 +135,11 @@ def test_full_fault_drill(tmp_path, prepared):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, prepared) -> tuple[Path, Any]:
     """A 6-step run with complete checkpoints at steps 2, 4 and 6, and its config (do not modify)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     run = tmp_path_factory.mktemp("finished") / "run"
     cfg = tiny_config(run, max_steps=6, save_every=2, save_total_limit=3)
     train_mod.train(cfg, load_fixture(prepared))
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     return run, cfg
 
 

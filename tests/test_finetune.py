@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_data import wordpiece_tokenizer
+from support import finetune_overrides as _overrides
+from support import make_checkpoint, sentence, write_csv
+from support import reset_accelerate as _reset_accelerate
 from safetensors import safe_open
 from transformers import (
     AutoTokenizer,
@@ -30,65 +32,6 @@ from bert_mp.finetune.trainer import (
     run_finetune,
     tokenize_split,
 )
-
-WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window", "quiet", "metal"]
-
-
-def make_tokenizer(texts, vocab_size=120):
-    """A BERT-style WordPiece tokenizer over the words of ``texts`` (plus digits), padded with filler
-    tokens to ``vocab_size``."""
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    words = sorted({w for text in texts for w in text.lower().split() if not w.isdigit()})
-    digits = [str(d) for d in range(10)] + [f"##{d}" for d in range(10)]
-    vocab = specials + words + digits
-    vocab += [f"filler{i}" for i in range(vocab_size - len(vocab))]
-    return wordpiece_tokenizer(vocab, bert_text=True, pair_template=True)
-
-
-def make_checkpoint(folder, tokenizer, vocab_size=None, max_pos=64, seed=1234):
-    """A tiny BertForPreTraining export like bert_mp's final/: save_pretrained + tokenizer."""
-    torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=vocab_size or -(-len(tokenizer) // 64) * 64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=max_pos,
-    )
-    BertForPreTraining(cfg).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return Path(folder)
-
-
-def sentence(i, label_word):
-    """Filler words plus a word that decides the label: a task a tiny model learns in a few steps."""
-    filler = [
-        WORDS[(i * 7 + j * 3) % len(WORDS)]
-        for j in range(6)
-        if WORDS[(i * 7 + j * 3) % len(WORDS)] not in ("apple", "stone")
-    ]
-    return " ".join(filler[:3] + [label_word] + filler[3:])
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tokenizer([" ".join(WORDS)] * 20 + [f"number {i}" for i in range(50)])
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory, tok):
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "final", tok)
-
-
-def write_csv(path, n, offset=0, labels=("apple", "stone")):
-    lines = ["text,label"]
-    for i in range(offset, offset + n):
-        word = labels[i % len(labels)]
-        lines.append(f"{sentence(i, word)},{word}")
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
 
 # --------------------------------------------------------------------------------------------------
 # metrics
@@ -204,26 +147,6 @@ def test_long_texts_are_truncated_and_counted(tok):
 # --------------------------------------------------------------------------------------------------
 # runs
 # --------------------------------------------------------------------------------------------------
-def _overrides(ckpt, tmp_path, **extra):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    base = {
-        "checkpoint": ckpt,
-        "task": "local",
-        "train_file": write_csv(tmp_path / "train.csv", 96),
-        "validation_file": write_csv(tmp_path / "val.csv", 24, offset=500),
-        "test_file": write_csv(tmp_path / "test.csv", 24, offset=900),
-        "output_dir": tmp_path / "out",
-        "batch_size": 16,
-        "learning_rate": 3e-3,
-        "warmup_ratio": 0.0,
-        "epochs": 4,
-        "max_seq_length": 32,
-        "progress_bar": False,
-    }
-    base.update(extra)
-    return [f"finetune.{k}={v}" for k, v in base.items()]
-
-
 def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
@@ -358,13 +281,6 @@ def test_mistyped_local_checkpoint_fails_at_once(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------------
 # the shared training core: numerics guard, checkpoints, SIGTERM and resume
 # --------------------------------------------------------------------------------------------------
-def _reset_accelerate():
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def _classifier_with_hook(on_training_forward):
     """A ``build_classifier`` whose model calls ``on_training_forward(n)`` on its n-th training forward;
     what that returns (None: unchanged) replaces the embeddings' output."""

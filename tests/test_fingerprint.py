@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _train_data import tiny_config
+from support import tiny_config
 
 from bert_mp.core.io import atomic_write_json
 from bert_mp.data import prepare as prep

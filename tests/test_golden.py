@@ -5,16 +5,9 @@ width-32 run with dropout on and 2 micro-batches per step; its final evaluation 
 final weights; and a sweep's figures other than timings (verdicts, deviations, steps, final eval
 losses). A change that is meant to leave training untouched (a refactor) must pass this unchanged.
 
-CPUs differ in the last bits: oneDNN / ATen pick other kernels on AMX, AVX512-BF16 or AVX2-only
-machines. The recording stores a fingerprint of what selects those kernels (torch version, ATen's
-CPU capability, oneDNN bf16/fp16 support). Where the fingerprint matches, every value and the
-weight hash must be equal to the last bit; elsewhere values are compared with a tolerance (fp32:
-rtol 1e-4, a few hundred ulps of drift over a dozen steps; bf16: rtol 3e-2, its 8-bit mantissa) and
-the hash check is skipped with a message. Torch runs single-threaded here so the thread count of
-the machine does not enter.
-
-Re-record (only when a change is *meant* to alter the numbers):
-``.venv/bin/python tests/test_golden.py --record``.
+How runs on other CPUs are compared, and the command that re-records (only when a change is *meant*
+to alter the numbers): the golden section of support.py. Torch runs single-threaded here so the
+thread count of the machine does not enter.
 """
 
 from __future__ import annotations
@@ -30,31 +23,16 @@ from typing import Any
 
 import pytest
 import torch
+from support import GOLDEN_EVAL_KEYS as EVAL_KEYS
+from support import GOLDEN_RECORD as RECORD
+from support import GOLDEN_RTOL as RTOL
+from support import golden_compare as _compare
+from support import golden_fingerprint as fingerprint
+from support import golden_load as _load
+from support import golden_record as _record
+from support import make_prepared, make_tokenizer, reset_accelerate, tiny_config
 
-GOLDEN = Path(__file__).parent / "golden"
-RTOL = {"fp32": 1e-4, "bf16": 3e-2}
 TRAIN_KEYS = ("loss/total", "loss/mlm", "loss/nsp", "optim/lr", "optim/grad_norm")
-EVAL_KEYS = ("eval/loss_mlm", "eval/loss_nsp", "eval/accuracy_mlm", "eval/accuracy_nsp")
-
-
-def fingerprint() -> dict[str, Any]:
-    """What decides which CPU kernels run: read from torch itself, never from bert_mp (tests patch it)."""
-    import transformers
-
-    def probe(op: str) -> bool | None:
-        try:
-            return bool(getattr(torch.ops.mkldnn, op)())
-        except (AttributeError, RuntimeError):
-            return None
-
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "machine": platform.machine(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "mkldnn_bf16": probe("_is_mkldnn_bf16_supported"),
-        "mkldnn_fp16": probe("_is_mkldnn_fp16_supported"),
-    }
 
 
 def weights_hash(path: Path) -> str:
@@ -83,14 +61,10 @@ def _single_thread(fn: Any) -> Any:
 
 def train_run(tmp: Path, precision: str) -> dict[str, Any]:
     """10 steps, global batch 16 as 2 micro-batches of 8, dropout 0.1, warmup 3, eval at the end."""
-    from _train_data import make_prepared, tiny_config
-    from accelerate.state import AcceleratorState, GradientState
-
     from bert_mp.core.io import read_jsonl
     from bert_mp.pretrain.trainer import train
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     data = make_prepared(tmp / "data")
     out = tmp / precision
     cfg = tiny_config(
@@ -130,8 +104,6 @@ def _sweep_corpus(path: Path) -> None:
 
 def sweep_run(tmp: Path) -> dict[str, Any]:
     """fp32 (+ its second seed) and bf16 through the real ``bert-mp sweep`` CLI; timings left out."""
-    from _train_data import make_tokenizer
-
     from bert_mp.cli import main
 
     corpus, tok = tmp / "corpus.txt", tmp / "tokenizer"
@@ -192,59 +164,9 @@ def sweep_run(tmp: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # comparison
 # --------------------------------------------------------------------------------------------------
-def _compare(got: Any, want: Any, rtol: float | None, where: str, problems: list[str]) -> None:
-    """Exact when ``rtol`` is None; numbers within ``rtol`` otherwise. Strings always exact."""
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or set(got) != set(want):
-            problems.append(f"{where}: keys {sorted(got)} != {sorted(want)}")
-            return
-        for k in want:
-            if k != "weights_sha256":
-                _compare(got[k], want[k], rtol, f"{where}.{k}", problems)
-    elif isinstance(want, list):
-        if not isinstance(got, list) or len(got) != len(want):
-            problems.append(f"{where}: {len(got)} items, expected {len(want)}")
-            return
-        for i, (g, w) in enumerate(zip(got, want)):
-            _compare(g, w, rtol, f"{where}[{i}]", problems)
-    elif isinstance(want, float) and isinstance(got, (int, float)):
-        if rtol is None:
-            if not (got == want or (math.isnan(got) and math.isnan(want))):
-                problems.append(f"{where}: {got!r} != {want!r}")
-        elif not math.isclose(got, want, rel_tol=rtol, abs_tol=rtol * 1e-3):
-            problems.append(f"{where}: {got!r} differs from {want!r} by more than rtol {rtol}")
-    elif got != want:
-        problems.append(f"{where}: {got!r} != {want!r}")
-
-
-RECORD = os.environ.get("BERT_MP_GOLDEN_RECORD") == "1"
-
-
 def run_precision(run_name: str) -> str:
     """A sweep run's precision from its name (``fp32``, ``fp32-seed7``, ``bf16``)."""
     return run_name.split("-")[0]
-
-
-def _load(name: str) -> dict[str, Any]:
-    path = GOLDEN / f"{name}.json"
-    if not path.is_file():
-        pytest.fail(f"{path} is missing; record it with `python tests/test_golden.py --record`")
-    return json.loads(path.read_text())
-
-
-def _record(name: str, key: str | None, value: dict[str, Any]) -> None:
-    """Store ``value`` (under ``key``) in golden/<name>.json with this machine's fingerprint."""
-    path = GOLDEN / f"{name}.json"
-    old = json.loads(path.read_text()) if path.is_file() and key else {}
-    if old.get("fingerprint") != fingerprint():
-        old = {}
-    new = {**old, "fingerprint": fingerprint()}
-    if key:
-        new.setdefault("runs", {})[key] = value
-    else:
-        new.update(value)
-    GOLDEN.mkdir(exist_ok=True)
-    path.write_text(json.dumps(new, indent=1) + "\n")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -291,9 +213,3 @@ def test_golden_sweep(tmp_path, monkeypatch):
                 _compare(got["verdicts"].get(name), v, 1e-2, f"sweep.verdicts.{name}", problems)
     assert not problems, "\n".join(problems[:20])
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--record"]:
-        raise SystemExit("usage: python tests/test_golden.py --record")
-    os.environ["BERT_MP_GOLDEN_RECORD"] = "1"
-    raise SystemExit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))

@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_data import make_prepared, tiny_config
+from support import fresh_process_main, make_prepared, tiny_config
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-TESTS = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +96,7 @@ def test_fp16_overflow_skips_step_without_advancing_scheduler(data, tmp_path, mo
     assert s["amp"] == {"loss_scale": 512.0, "skipped_steps": 1}
 
 
-_DETERMINISTIC_MAIN = (
-    "import sys, torch; sys.path.insert(0, {tests!r}); "
-    "torch.use_deterministic_algorithms(True, warn_only=True); "
-    "import _train_data; _train_data.run_in_subprocess_main(sys.argv[1:])"
-)
+_DETERMINISTIC_MAIN = fresh_process_main("import torch; torch.use_deterministic_algorithms(True, warn_only=True); ")
 
 
 def _run_fresh(cfg, data_root: Path, *extra: str) -> None:
@@ -116,9 +110,8 @@ def _run_fresh(cfg, data_root: Path, *extra: str) -> None:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    code = _DETERMINISTIC_MAIN.format(tests=str(TESTS))
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(cfg_path), str(data_root), *extra],
+        [sys.executable, "-c", _DETERMINISTIC_MAIN, str(cfg_path), str(data_root), *extra],
         env=env,
         capture_output=True,
         text=True,

@@ -3,17 +3,14 @@ from recorded phase files (targets, tables), and the dry-run plumbing of the sum
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import zipfile
 from pathlib import Path
 
 import pytest
+from support import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-gpu_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_check)
+gpu_check = load_script("gpu_check")
 
 
 def _wheel(d: Path, name: str, version: str, requires: list[str]) -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _train_data import wordpiece_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import wordpiece_tokenizer
 
 from bert_mp.core.config import DataConfig
 from bert_mp.data.masking import (

@@ -4,16 +4,12 @@ metrics) -> a tiny sweep's verdicts -> the export -> fine-tuning from it."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from _train_data import run_cli
-from test_finetune import _overrides as finetune_overrides
+from support import finetune_overrides, run_cli
 from transformers import BertForPreTraining, BertForSequenceClassification
 
 from bert_mp.core.io import read_jsonl
 from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_mlm_objective_prepare_train_sweep_export_finetune(tmp_path):

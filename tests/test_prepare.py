@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _train_data import LEXICON as WORDS
+from support import LEXICON as WORDS
+from support import write_corpus
 from transformers import AutoTokenizer
 
 from bert_mp.cli import main
@@ -19,20 +20,6 @@ from bert_mp.core.config import load_config
 from bert_mp.data import prepare as prep
 from bert_mp.data.masking import PretrainingCollator
 from bert_mp.errors import DataError
-
-
-def write_corpus(path: Path, n_docs: int = 150, seed: int = 0, max_sents: int = 10) -> Path:
-    """Text file of documents (blank-line separated) of random sentences from a small lexicon."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n_docs):
-        sents = []
-        for _ in range(rng.randint(1, max_sents)):
-            words = [rng.choice(WORDS) for _ in range(rng.randint(3, 18))]
-            sents.append(" ".join(words).capitalize() + rng.choice([".", ".", "?", "!"]))
-        docs.append(" ".join(sents))
-    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return path
 
 
 def _cfg(tmp_path: Path, corpus: Path, *extra: str):

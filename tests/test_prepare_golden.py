@@ -13,36 +13,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from _train_data import LEXICON
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-from transformers import BertTokenizerFast
+from support import FIXED_WORDS as WORDS  # the digests below were recorded with these words
 
 from bert_mp.core.config import load_config
 from bert_mp.data import prepare as prep
-
-WORDS = LEXICON[:29]  # the digests below were recorded with this vocabulary
-PUNCT = list(".,;:!?()'\"-|")
-
-
-def fixed_tokenizer(folder: Path) -> Path:
-    """A WordPiece tokenizer with a hand-written vocabulary (training is not reproducible)."""
-    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab = [
-        "[PAD]",
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        *WORDS,
-        *PUNCT,
-        *letters,
-        *("##" + c for c in letters),
-    ]
-    tk = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    BertTokenizerFast(tokenizer_object=tk).save_pretrained(str(folder))
-    return folder
 
 
 def _sentence(rng: random.Random, lo: int, hi: int) -> str:
@@ -91,11 +65,6 @@ def rows_digest(path: Path) -> str:
             h.update(f"{split}/{name}/{col.type}/{len(col)}".encode())
             h.update(repr(col.to_pylist()).encode())
     return h.hexdigest()
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    return fixed_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def prepare_case(tmp: Path, tokenizer: Path, shape: str, extra: tuple, num_proc: int = 1) -> Path:

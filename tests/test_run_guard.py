@@ -4,7 +4,7 @@ any other change."""
 from __future__ import annotations
 
 import pytest
-from _train_data import make_prepared, tiny_config
+from support import make_prepared, tiny_config
 
 from bert_mp.core.config import config_to_dict
 from bert_mp.core.io import read_jsonl

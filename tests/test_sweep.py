@@ -4,11 +4,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from bert_mp.errors import ConfigError
 from bert_mp.sweep.runner import launch_command, load_sweep_config, plan_sweep, run_action
 
-ROOT = Path(__file__).parent.parent
 
 
 def _write(path: Path, text: str) -> Path:

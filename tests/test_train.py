@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_data import inf_grad_builder, make_prepared, nan_forward_builder, tiny_config
 from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
+from support import inf_grad_builder, make_prepared, nan_forward_builder, tiny_config
 
 from bert_mp.core.io import read_jsonl
 from bert_mp.core.optim import lr_lambda

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from _train_data import run_cli
+from support import run_cli
 
 from bert_mp.core.io import read_jsonl
 

@@ -11,23 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from _train_data import make_prepared, tiny_config
 from safetensors.torch import load_file
+from support import fresh_process_main, make_prepared, tiny_config
 
 from bert_mp.core.config import save_config
 from bert_mp.core.io import read_jsonl
-
-TESTS = Path(__file__).parent
 
 
 def _launch(cfg, data_root: Path, processes: int) -> None:
     cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
     save_config(cfg, cfg_path)
     script = cfg_path.with_suffix(".py")
-    script.write_text(
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport _train_data\n"
-        "_train_data.run_in_subprocess_main(sys.argv[1:])\n"
-    )
+    script.write_text(fresh_process_main() + "\n")
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     cmd = [
         launcher,
