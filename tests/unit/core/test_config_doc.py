@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import asdict
 
 import pytest
@@ -39,13 +37,3 @@ def test_selectors_filter_and_unknown_ones_name_the_sections():
     assert "hardware.allow_emulated: bool = false" in describe_config("hardware")
     with pytest.raises(ConfigError, match="no config key matches 'trian'.*sections: data, finetune"):
         describe_config("trian")
-
-
-def test_cli_config_and_help_pointer():
-    run = [sys.executable, "-m", "bert_mp.cli"]
-    proc = subprocess.run(
-        [*run, "config", "data.max_seq_length"], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0 and proc.stdout.startswith("[data]\n  data.max_seq_length: int = 128")
-    helptext = subprocess.run([*run, "train", "--help"], capture_output=True, text=True, timeout=120).stdout
-    assert "bert-mp config" in helptext

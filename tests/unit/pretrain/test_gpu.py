@@ -1,17 +1,16 @@
 """CUDA behaviour (``pytest -m gpu``; skipped without a CUDA device): precision flags, fp16 overflow,
-deterministic resume, kernel verdicts, export, host syncs per step. Tiny models, a few steps each."""
+kernel verdicts, export, host syncs per step. Tiny models, a few steps each. Deterministic resume
+in fresh processes: integration/test_gpu_resume.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from support import fresh_process_main, make_prepared, tiny_config
+from support import make_prepared
+from support import tiny_gpu_config as _gpu_config
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,13 +21,6 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_prepared(tmp_path_factory.mktemp("prepared"), n_train=256, n_val=32, max_len=32)
-
-
-def _gpu_config(out: Path, **kw):
-    """tiny_config with tensor-core friendly widths (64 wide, 2 heads of 32)."""
-    cfg = tiny_config(out, **kw)
-    cfg.model.hidden_size, cfg.model.intermediate_size = 64, 128
-    return cfg
 
 
 def _rows(out: Path) -> list[dict]:
@@ -94,59 +86,6 @@ def test_fp16_overflow_skips_step_without_advancing_scheduler(data, tmp_path, mo
     f = lr_lambda(cfg.train)
     assert [r["optim/lr"] for r in rows] == pytest.approx([cfg.train.learning_rate * f(i) for i in range(5)])
     assert s["amp"] == {"loss_scale": 512.0, "skipped_steps": 1}
-
-
-_DETERMINISTIC_MAIN = fresh_process_main("import torch; torch.use_deterministic_algorithms(True, warn_only=True); ")
-
-
-def _run_fresh(cfg, data_root: Path, *extra: str) -> None:
-    from bert_mp.core.config import save_config
-
-    cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
-    save_config(cfg, cfg_path)
-    env = {
-        **os.environ,
-        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", _DETERMINISTIC_MAIN, str(cfg_path), str(data_root), *extra],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def test_fp32_resume_is_bit_identical_with_deterministic_algorithms(tmp_path):
-    from safetensors.torch import load_file
-
-    from bert_mp.core.io import read_jsonl
-
-    data_root = tmp_path / "data"
-    make_prepared(data_root, n_train=40)
-    common = dict(max_steps=10, global_batch_size=8, micro_batch_size=4, warmup_steps=2, export=True)
-    straight, parts = _gpu_config(tmp_path / "straight", **common), _gpu_config(tmp_path / "parts", **common)
-    for cfg in (straight, parts):  # dropout on: the CUDA RNG state must be restored too
-        cfg.model.hidden_dropout_prob = cfg.model.attention_probs_dropout_prob = 0.1
-    _run_fresh(straight, data_root)
-    _run_fresh(parts, data_root, "6")
-    parts.train.resume = "latest"
-    _run_fresh(parts, data_root)
-
-    def losses(run: str) -> list:
-        return [
-            (r["step"], r.get("loss/total"), r.get("eval/loss_mlm"))
-            for r in read_jsonl(tmp_path / run / "metrics.jsonl")
-        ]
-
-    assert losses("straight") == losses("parts")
-    a = load_file(str(tmp_path / "straight" / "final" / "model.safetensors"))
-    b = load_file(str(tmp_path / "parts" / "final" / "model.safetensors"))
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
