@@ -50,7 +50,8 @@ def fresh_accelerate_state():
 # --------------------------------------------------------------------------------------------------
 # data and checkpoints more than one test file uses (module scope: built once per file). The
 # helpers are in support.py, imported here lazily: bert_mp must not be imported before
-# pytest_configure has applied --cpu-mask.
+# pytest_configure has applied --cpu-mask. A file's own fixture of the same name wins over these
+# (unit/data/test_prepare.py's `prepared` is real bert-mp prepare output, loaded).
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
