@@ -10,7 +10,8 @@ Phases (default: ``install tests ladder summary``; ``all`` adds ``compile`` and 
   is), so a new ``--system-site-packages`` venv would not see its torch; a target folder on
   ``PYTHONPATH`` does. For ``datasets`` the newest carried release whose requirements the
   machine's own packages meet is chosen (it cannot upgrade pyarrow or huggingface_hub).
-- ``tests``: ``pytest -m gpu`` (tests/test_gpu.py) plus the CPU tests of the CUDA-path logic.
+- ``tests``: ``pytest -m gpu`` (tests/unit/pretrain/test_gpu.py, tests/integration/test_gpu_resume.py)
+  plus the CPU tests of the CUDA-path logic (tests/unit/core/test_cuda_paths.py).
 - ``ladder``: ``scripts/bench_train.py`` on BERT-base, seq 128: HF baselines (strict fp32 and bf16
   autocast) and bert_mp in fp32 / tf32 / bf16 / fp16, same batches on the same device; then the
   kernel probe per precision (GEMM and attention verdicts, top kernels by device time).
@@ -407,8 +408,9 @@ def phase_tests(args: argparse.Namespace) -> dict[str, Any]:
         "gpu or not slow",
         "-rfE",
         f"--junitxml={junit}",
-        "tests/test_gpu.py",
-        "tests/test_cuda_paths.py",
+        "tests/unit/pretrain/test_gpu.py",
+        "tests/integration/test_gpu_resume.py",
+        "tests/unit/core/test_cuda_paths.py",
     ]
     rc, tail = _run(cmd, args.budget, STATE / "tests.log")
     counts, failed = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}, []

@@ -2,7 +2,9 @@
 # Install what is needed into .venv and run the test suite. With no arguments: the whole suite, then
 # the precision / training / fine-tuning / fault tests again as on the weakest supported CPU (no
 # bf16, no fp16, no AMX: BERT_MP_CPU_MASK=all), so a pass here means a pass on any CPU model.
-# Extra arguments go to one pytest run instead, e.g. `bash scripts/test.sh -m slow`.
+# Extra arguments go to one pytest run instead, e.g. `bash scripts/test.sh -m slow`, or one part of
+# the suite: `bash scripts/test.sh tests/unit` (in-process, per package: tests/unit/data, ...) or
+# `bash scripts/test.sh tests/integration` (the CLI and scripts in fresh processes).
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
 if [ "$#" -gt 0 ]; then
@@ -12,4 +14,7 @@ python -m pytest -q
 echo
 echo "[test] again with every CPU capability masked (BERT_MP_CPU_MASK=all): precision, train, finetune, faults"
 BERT_MP_CPU_MASK=all python -m pytest -q \
-  tests/test_precision.py tests/test_train.py tests/test_finetune.py tests/test_faults.py tests/test_diagnostics.py
+  tests/unit/core/test_precision.py tests/unit/pretrain/test_train.py \
+  tests/unit/finetune/test_finetune.py tests/integration/test_finetune_cli.py \
+  tests/unit/pretrain/test_faults.py tests/integration/test_fault_drill.py \
+  tests/unit/sweep/test_diagnostics.py

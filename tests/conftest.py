@@ -40,10 +40,48 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Accelerate keeps process-wide singletons; each test starts and ends with them reset."""
-    from accelerate.state import AcceleratorState, GradientState
+    from support import reset_accelerate
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
+
+
+# --------------------------------------------------------------------------------------------------
+# data and checkpoints more than one test file uses (module scope: built once per file). The
+# helpers are in support.py, imported here lazily: bert_mp must not be imported before
+# pytest_configure has applied --cpu-mask. A file's own fixture of the same name wins over these
+# (unit/data/test_prepare.py's `prepared` is real bert-mp prepare output, loaded).
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A prepared-data folder (support.make_prepared, 64 training rows); its path."""
+    from support import make_prepared
+
+    root = tmp_path_factory.mktemp("prepared")
+    make_prepared(root, n_train=64)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    """A folder with support.fixed_tokenizer saved in it."""
+    from support import fixed_tokenizer
+
+    return fixed_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The fine-tuning tokenizer: the words of support.FINETUNE_WORDS and numbers."""
+    from support import FINETUNE_WORDS, finetune_tokenizer
+
+    return finetune_tokenizer([" ".join(FINETUNE_WORDS)] * 20 + [f"number {i}" for i in range(50)])
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, tok):
+    """A tiny pretrained checkpoint (support.make_checkpoint) to fine-tune from."""
+    from support import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "final", tok)

@@ -1,0 +1,93 @@
+"""The benchmark scripts run end to end at toy sizes and write the JSON the README's figures come
+from (no timing is asserted: only that every measured field is there and sane)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from support import ROOT
+
+
+def _run(args: list[str], cwd: Path) -> None:
+    r = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_bench_prepare_runs(tmp_path):
+    out = tmp_path / "prepare.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "bench_prepare.py"),
+            "--size",
+            "300KB",
+            "--num-proc",
+            "1",
+            "--repeat",
+            "2",
+            "--shapes",
+            "builtin",
+            "books-file",
+            "--vocab-size",
+            "500",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
+    row, books = json.loads(out.read_text())["results"]
+    assert (row["shape"], books["shape"]) == ("builtin", "books-file")
+    assert books["overrides"] == ["data.documents=file"] and books["files"] >= 2
+    for r in (row, books):
+        assert 0 <= r["padding_fraction_at_max_seq_length"] < 1 and r["mean_example_length"] > 0
+    assert len(row["trials"]) == 2
+    assert [t["order"][0] for t in row["trials"]] == ["tokenize", "prepare"]  # alternating order
+    for t in row["trials"]:
+        assert t["prepare"]["tokens"] > 0 and t["tokenize_only"]["tokens"] > 0
+        assert math.isfinite(t["ratio"]) and t["ratio"] > 0
+        mem = t["prepare"]["memory_peaks_bytes"]
+        assert mem["anon_largest_process"] > 0 and mem["anon_total"] >= mem["anon_largest_process"]
+    lo, hi = row["ratio_min_max"]
+    assert lo <= row["ratio"] <= hi
+
+
+def test_bench_train_runs(tmp_path):
+    out = tmp_path / "train.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "bench_train.py"),
+            "--preset",
+            "tiny",
+            "--vocab",
+            "300",
+            "--seq",
+            "32",
+            "--micro-batch",
+            "4",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--repeat",
+            "2",
+            "--precisions",
+            "fp32,bf16",
+            "--allow-emulated",  # bf16 on any CPU: this checks the script, not the speed
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
+    report = json.loads(out.read_text())
+    assert len(report["rounds"]) == 2
+    res = report["results"]
+    assert res["baseline_hf_fp32"]["ratio_vs_baseline"] == 1.0
+    for name in ("bert_mp_fp32", "bert_mp_bf16"):
+        lo, hi = res[name]["ratio_min_max"]
+        assert res[name]["tokens_per_sec"] > 0 and lo <= res[name]["ratio_vs_baseline"] <= hi
+    assert res["bert_mp_bf16"]["precision_in_effect"]["autocast_dtype"] == "bfloat16"

@@ -1,0 +1,52 @@
+"""`bert-mp prepare` through the real CLI in a fresh interpreter: a hostile corpus is prepared, each
+problem counted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import write_corpus
+
+
+def _cli(tmp_path, *args):
+    """The real CLI in a fresh interpreter (what a user runs)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bert_mp", "prepare", *args, f"data.cache_dir={tmp_path / 'cache'}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    write_corpus(hostile / "normal.txt", n_docs=40)
+    (hostile / "empty.txt").write_text("")
+    (hostile / "binary.txt").write_bytes(bytes(range(256)) * 20)
+    (hostile / "latin1.txt").write_bytes(
+        "Caf\xe9 cr\xe8me. Na\xefve text here.\r\n\r\nSecond doc. Yes.".encode("latin-1")
+    )
+    (hostile / "crlf.txt").write_bytes(b"Line one.\r\nLine two.\r\n\r\nDoc two.\rMore.\r\r")
+    (hostile / "rtl_cjk.txt").write_text(
+        "مرحبا بالعالم. هذا نص.\n\n你好世界。这是一个测试。\n\nשלום עולם. עוד משפט."
+    )
+    (hostile / "long_line.txt").write_text(("word " * 400_000).strip())  # 2 MB, one line
+    (hostile / "one_word_docs.txt").write_text("\n\n".join(["Hello"] * 30))
+    r = _cli(
+        tmp_path, "data.source=text", "data.paths=[hostile]", "data.vocab_size=300", "data.max_seq_length=32"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = next(p for p in (tmp_path / "cache").iterdir() if (p / "COMPLETE").exists())
+    s = json.loads((path / "stats.json").read_text())
+    assert s["documents"]["invalid_utf8_replaced"] > 0
+    assert sum(v["sentences_cut_to_max_length"] for v in s["per_split"].values()) > 0  # the 2 MB line is used
+    assert s["documents"]["files_empty"] and s["documents"]["files"] == 8
+    # the binary file is skipped and named, not read as text full of U+FFFD
+    assert s["documents"]["binary_files"] == 1 and s["documents"]["first_binary_file"].endswith("binary.txt")
+    assert any("look binary" in w for w in s["warnings"])
+    assert s["splits"]["train"] > 0
+    assert "NSP random share" in r.stdout and "documents:" in r.stdout

@@ -1,0 +1,533 @@
+"""What the tests share: fixture data, tiny configs and tokenizers, fault injection, CLI runners.
+
+One module for every test folder (``pythonpath = ["tests"]`` in pyproject.toml; fresh processes put
+:data:`TESTS` on their path themselves). Fixtures built from these helpers are in conftest.py.
+
+The prepared-data fixture (:func:`make_prepared`) is a tiny folder in the docs/architecture.md
+format, written by hand: each segment alternates two random words (``x y x y ...``); a positive
+pair's B continues A's pattern, a negative's uses another pair. A masked word is predictable from
+its neighbours, so a tiny model's loss visibly falls within a few dozen steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Dataset, DatasetDict
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import BertConfig, BertForPreTraining, BertTokenizerFast, PreTrainedTokenizerFast
+
+from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
+from bert_mp.data.corpus import ReadStats, iter_documents
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent  # the repository: configs/, scripts/, bert_mp/
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+N_WORDS = 59  # 5 specials + 59 words = 64 tokens
+
+
+def wordpiece_tokenizer(
+    tokens: list[str], bert_text: bool = False, pair_template: bool = False
+) -> PreTrainedTokenizerFast:
+    """A BERT-style tokenizer over a fixed vocabulary (``tokens`` in id order, specials first).
+
+    A fixed vocabulary rather than WordPiece training, whose ties are broken differently from run
+    to run (huggingface/tokenizers#1794), keeps the tests deterministic. ``bert_text``: BERT's
+    lowercasing normalizer and pre-tokenizer (else whitespace); ``pair_template``: the
+    ``[CLS] A [SEP] B [SEP]`` post-processor.
+    """
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+    if bert_text:
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if pair_template:
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """The 64-token vocabulary of the prepared-data fixture: specials and w0..w58."""
+    return wordpiece_tokenizer(SPECIALS + [f"w{i}" for i in range(N_WORDS)])
+
+
+def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
+    first = len(SPECIALS)
+    for _ in range(n):
+        la, lb = rng.integers(3, max_len // 2 - 2, size=2)
+        pair = rng.choice(N_WORDS, size=2, replace=False) + first
+        a = [int(pair[i % 2]) for i in range(la)]
+        label = int(rng.random() < 0.5)
+        if label == 1:
+            pair = rng.choice(N_WORDS, size=2, replace=False) + first
+        b = [int(pair[(la + i) % 2]) for i in range(lb)]
+        ids = [2, *a, 3, *b, 3]
+        cols["input_ids"].append(ids)
+        cols["token_type_ids"].append([0] * (la + 2) + [1] * (lb + 1))
+        cols["next_sentence_label"].append(label)
+    return cols
+
+
+def make_prepared(root: Path, n_train: int = 256, n_val: int = 64, max_len: int = 32) -> SimpleNamespace:
+    """Write ``root/dataset``, ``root/tokenizer``, ``stats.json``, ``COMPLETE``; return a PreparedData-like object."""
+    root = Path(root)
+    tokenizer = make_tokenizer()
+    ds = DatasetDict(
+        train=Dataset.from_dict(_rows(n_train, 1, max_len)),
+        validation=Dataset.from_dict(_rows(n_val, 2, max_len)),
+    )
+    ds.save_to_disk(str(root / "dataset"))
+    tokenizer.save_pretrained(str(root / "tokenizer"))
+    stats = {
+        "tokenizer_size": len(tokenizer),
+        "model_vocab_size": 64,
+        "max_seq_length": max_len,
+        "masking": "dynamic",
+        "splits": {"train": n_train, "validation": n_val},
+    }
+    (root / "stats.json").write_text(json.dumps(stats))
+    (root / "COMPLETE").write_text("")
+    return SimpleNamespace(dataset=ds, tokenizer=tokenizer, stats=stats, path=root)
+
+
+def tiny_config(out: Path, **train_kw) -> Config:
+    """A 2-layer, width-32 model with dropout off and small batches."""
+    train = dict(
+        output_dir=str(out),
+        max_steps=8,
+        global_batch_size=8,
+        micro_batch_size=8,
+        learning_rate=3e-3,
+        warmup_steps=2,
+        progress_bar=False,
+        log_every=1,
+    )
+    train.update(train_kw)
+    cfg = Config(
+        data=DataConfig(max_seq_length=32, mlm_probability=0.15, max_predictions_per_seq=5),
+        model=tiny_model_config(),
+        train=TrainConfig(**train),
+        # bf16/fp16 run everywhere, emulated where the CPU lacks them: at these sizes the tests check
+        # the loop's numerics and bookkeeping, not speed
+        hardware=HardwareConfig(allow_emulated=True),
+    )
+    cfg.validate()
+    return cfg
+
+
+def tiny_gpu_config(out: Path, **train_kw) -> Config:
+    """:func:`tiny_config` with tensor-core friendly widths (64 wide, 2 heads of 32)."""
+    cfg = tiny_config(out, **train_kw)
+    cfg.model.hidden_size, cfg.model.intermediate_size = 64, 128
+    return cfg
+
+
+def load_fixture(root: Path) -> SimpleNamespace:
+    """Read a folder written by :func:`make_prepared` back (as a fresh process would)."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    root = Path(root)
+    return SimpleNamespace(
+        dataset=load_from_disk(str(root / "dataset")),
+        tokenizer=AutoTokenizer.from_pretrained(str(root / "tokenizer")),
+        stats=json.loads((root / "stats.json").read_text()),
+        path=root,
+    )
+
+
+def run_in_subprocess_main(argv: list[str]) -> None:
+    """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
+    from bert_mp.core import callbacks
+    from bert_mp.core.config import load_config
+    from bert_mp.pretrain.trainer import exit_code, train
+
+    cfg = load_config(argv[0])
+    if len(argv) > 2:
+        stop_at = int(argv[2])
+
+        class StopAt(callbacks.BaseCallback):
+            def on_step_end(self, state, logs):
+                if state.step == stop_at:
+                    state.stop_reason = f"test stop at {stop_at}"
+
+        callbacks.REGISTRY["stop_at"] = StopAt
+        cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
+    sys.exit(exit_code(train(cfg, load_fixture(Path(argv[1])))))  # the codes `bert-mp train` exits with
+
+
+def fresh_process_main(setup: str = "") -> str:
+    """Python source that runs :func:`run_in_subprocess_main` on its arguments: ``python -c`` code, or
+    a script's text. ``setup`` (statements ending in ``; ``) runs first."""
+    return (
+        f"import sys; sys.path.insert(0, {str(TESTS)!r}); {setup}"
+        "import support; support.run_in_subprocess_main(sys.argv[1:])"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# fault injection through the trainer's build_model seam
+# --------------------------------------------------------------------------------------------------
+def nan_forward_builder(bad: Callable[[int], bool]) -> Callable[..., Any]:
+    """A ``build_model`` whose training forwards numbered (1-based) ``n`` with ``bad(n)`` give NaN."""
+    from bert_mp.model.bert import build_model
+
+    calls: list[int] = []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+
+        def hook(module, inputs, output):
+            if not module.training:
+                return output
+            calls.append(1)
+            return output * float("nan") if bad(len(calls)) else output
+
+        model.bert.embeddings.register_forward_hook(hook)
+        return model
+
+    return build
+
+
+def inf_grad_builder(bad: Callable[[int], bool] | None, snapshots: list | None = None) -> Callable[..., Any]:
+    """A ``build_model`` whose backward passes numbered ``n`` with ``bad(n)`` (None: all) give inf
+    gradients in one weight; ``snapshots`` collects that weight as each backward pass saw it."""
+    from bert_mp.model.bert import build_model
+
+    seen = snapshots if snapshots is not None else []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        model = build_model(*args, **kwargs)
+        w = model.bert.encoder.layer[0].output.dense.weight
+
+        def hook(grad):
+            seen.append(w.detach().clone())
+            return torch.full_like(grad, float("inf")) if bad is None or bad(len(seen)) else grad
+
+        w.register_hook(hook)
+        return model
+
+    return build
+
+
+# A small lexicon for generated corpora (prepare tests; the golden rows use its first 29 words).
+LEXICON = [
+    "the",
+    "a",
+    "module",
+    "function",
+    "returns",
+    "value",
+    "list",
+    "string",
+    "object",
+    "file",
+    "path",
+    "data",
+    "error",
+    "type",
+    "class",
+    "method",
+    "argument",
+    "default",
+    "number",
+    "name",
+    "time",
+    "system",
+    "process",
+    "thread",
+    "socket",
+    "buffer",
+    "stream",
+    "parser",
+    "token",
+    "encode",
+    "decode",
+    "read",
+    "write",
+    "open",
+    "close",
+    "call",
+    "raise",
+    "handle",
+    "check",
+    "format",
+    "convert",
+    "create",
+]
+
+
+# The fixed tokenizer's words and the golden corpora's (tests/unit/data/test_prepare_golden.py's
+# digests were recorded with them).
+FIXED_WORDS = LEXICON[:29]
+PUNCT = list(".,;:!?()'\"-|")
+
+
+def fixed_tokenizer(folder: Path) -> Path:
+    """A WordPiece tokenizer with a hand-written vocabulary (training is not reproducible), saved
+    to ``folder``: specials, :data:`FIXED_WORDS`, punctuation and single letters."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = [*SPECIALS, *FIXED_WORDS, *PUNCT, *letters, *("##" + c for c in letters)]
+    tk = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    BertTokenizerFast(tokenizer_object=tk).save_pretrained(str(folder))
+    return folder
+
+
+def write_corpus(path: Path, n_docs: int = 150, seed: int = 0, max_sents: int = 10) -> Path:
+    """Text file of documents (blank-line separated) of random sentences from :data:`LEXICON`."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sents = []
+        for _ in range(rng.randint(1, max_sents)):
+            words = [rng.choice(LEXICON) for _ in range(rng.randint(3, 18))]
+            sents.append(" ".join(words).capitalize() + rng.choice([".", ".", "?", "!"]))
+        docs.append(" ".join(sents))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def read_documents(**kw) -> tuple[list[str], ReadStats]:
+    """The documents a ``DataConfig(**kw)`` reads, and the reader's counts."""
+    stats = ReadStats()
+    return list(iter_documents(DataConfig(**kw), stats)), stats
+
+
+def tiny_model_config() -> ModelConfig:
+    """2 layers of width 32, dropout off: the model of the fast tests."""
+    return ModelConfig(
+        preset="tiny",
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+
+
+def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m bert_mp ARGS`` in a fresh process, offline, output captured."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "bert_mp", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def reset_accelerate() -> None:
+    """Reset Accelerate's process-wide singletons, as between two runs in one process."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module, loaded once (later calls return the same module)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve their module by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# --------------------------------------------------------------------------------------------------
+# fine-tuning: a tiny checkpoint and a task it learns in a few steps
+# --------------------------------------------------------------------------------------------------
+FINETUNE_WORDS = ["apple", "stone", "river", "cloud", "paper", "green", "seven", "window", "quiet", "metal"]
+
+
+def finetune_tokenizer(texts: list[str], vocab_size: int = 120) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer over the words of ``texts`` (plus digits), padded with filler
+    tokens to ``vocab_size``."""
+    words = sorted({w for text in texts for w in text.lower().split() if not w.isdigit()})
+    digits = [str(d) for d in range(10)] + [f"##{d}" for d in range(10)]
+    vocab = SPECIALS + words + digits
+    vocab += [f"filler{i}" for i in range(vocab_size - len(vocab))]
+    return wordpiece_tokenizer(vocab, bert_text=True, pair_template=True)
+
+
+def make_checkpoint(folder, tokenizer, vocab_size=None, max_pos=64, seed=1234) -> Path:
+    """A tiny BertForPreTraining export like bert_mp's final/: save_pretrained + tokenizer."""
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=vocab_size or -(-len(tokenizer) // 64) * 64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_pos,
+    )
+    BertForPreTraining(cfg).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+def sentence(i: int, label_word: str) -> str:
+    """Filler words plus a word that decides the label: a task a tiny model learns in a few steps."""
+    words = FINETUNE_WORDS
+    filler = [
+        words[(i * 7 + j * 3) % len(words)]
+        for j in range(6)
+        if words[(i * 7 + j * 3) % len(words)] not in ("apple", "stone")
+    ]
+    return " ".join(filler[:3] + [label_word] + filler[3:])
+
+
+def write_csv(path: Path, n: int, offset: int = 0, labels=("apple", "stone")) -> str:
+    """A text,label CSV of ``n`` :func:`sentence` rows (numbered from ``offset``)."""
+    lines = ["text,label"]
+    for i in range(offset, offset + n):
+        word = labels[i % len(labels)]
+        lines.append(f"{sentence(i, word)},{word}")
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def finetune_overrides(ckpt, tmp_path: Path, **extra) -> list[str]:
+    """``finetune.*`` overrides for a 4-epoch run from ``ckpt`` on CSVs written under ``tmp_path``."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    base = {
+        "checkpoint": ckpt,
+        "task": "local",
+        "train_file": write_csv(tmp_path / "train.csv", 96),
+        "validation_file": write_csv(tmp_path / "val.csv", 24, offset=500),
+        "test_file": write_csv(tmp_path / "test.csv", 24, offset=900),
+        "output_dir": tmp_path / "out",
+        "batch_size": 16,
+        "learning_rate": 3e-3,
+        "warmup_ratio": 0.0,
+        "epochs": 4,
+        "max_seq_length": 32,
+        "progress_bar": False,
+    }
+    base.update(extra)
+    return [f"finetune.{k}={v}" for k, v in base.items()]
+
+
+# --------------------------------------------------------------------------------------------------
+# golden numbers: tests/unit/pretrain/test_golden_train.py, tests/integration/test_golden_sweep.py
+#
+# CPUs differ in the last bits: oneDNN / ATen pick other kernels on AMX, AVX512-BF16 or AVX2-only
+# machines. A recording stores a fingerprint of what selects those kernels (torch version, ATen's
+# CPU capability, oneDNN bf16/fp16 support). Where the fingerprint matches, every value and the
+# weight hash must be equal to the last bit; elsewhere values are compared with a tolerance (fp32:
+# rtol 1e-4, a few hundred ulps of drift over a dozen steps; bf16: rtol 3e-2, its 8-bit mantissa) and
+# the hash check is skipped with a message.
+# --------------------------------------------------------------------------------------------------
+GOLDEN = TESTS / "golden"
+GOLDEN_RTOL = {"fp32": 1e-4, "bf16": 3e-2}
+GOLDEN_EVAL_KEYS = ("eval/loss_mlm", "eval/loss_nsp", "eval/accuracy_mlm", "eval/accuracy_nsp")
+# Re-record (only when a change is *meant* to alter the numbers): the golden tests with this set.
+GOLDEN_RECORD = os.environ.get("BERT_MP_GOLDEN_RECORD") == "1"
+GOLDEN_RECORD_COMMAND = (
+    "BERT_MP_GOLDEN_RECORD=1 bash scripts/test.sh "
+    "tests/unit/pretrain/test_golden_train.py tests/integration/test_golden_sweep.py"
+)
+
+
+def golden_fingerprint() -> dict[str, Any]:
+    """What decides which CPU kernels run: read from torch itself, never from bert_mp (tests patch it)."""
+    import platform
+
+    import transformers
+
+    def probe(op: str) -> bool | None:
+        try:
+            return bool(getattr(torch.ops.mkldnn, op)())
+        except (AttributeError, RuntimeError):
+            return None
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkldnn_bf16": probe("_is_mkldnn_bf16_supported"),
+        "mkldnn_fp16": probe("_is_mkldnn_fp16_supported"),
+    }
+
+
+def golden_compare(got: Any, want: Any, rtol: float | None, where: str, problems: list[str]) -> None:
+    """Exact when ``rtol`` is None; numbers within ``rtol`` otherwise. Strings always exact."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            problems.append(f"{where}: keys {sorted(got)} != {sorted(want)}")
+            return
+        for k in want:
+            if k != "weights_sha256":
+                golden_compare(got[k], want[k], rtol, f"{where}.{k}", problems)
+    elif isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            problems.append(f"{where}: {len(got)} items, expected {len(want)}")
+            return
+        for i, (g, w) in enumerate(zip(got, want)):
+            golden_compare(g, w, rtol, f"{where}[{i}]", problems)
+    elif isinstance(want, float) and isinstance(got, (int, float)):
+        if rtol is None:
+            if not (got == want or (math.isnan(got) and math.isnan(want))):
+                problems.append(f"{where}: {got!r} != {want!r}")
+        elif not math.isclose(got, want, rel_tol=rtol, abs_tol=rtol * 1e-3):
+            problems.append(f"{where}: {got!r} differs from {want!r} by more than rtol {rtol}")
+    elif got != want:
+        problems.append(f"{where}: {got!r} != {want!r}")
+
+
+def golden_load(name: str) -> dict[str, Any]:
+    """golden/<name>.json; a missing file fails the test with the command that records it."""
+    import pytest
+
+    path = GOLDEN / f"{name}.json"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing; record it with `{GOLDEN_RECORD_COMMAND}`")
+    return json.loads(path.read_text())
+
+
+def golden_record(name: str, key: str | None, value: dict[str, Any]) -> None:
+    """Store ``value`` (under ``key``) in golden/<name>.json with this machine's fingerprint."""
+    path = GOLDEN / f"{name}.json"
+    old = json.loads(path.read_text()) if path.is_file() and key else {}
+    if old.get("fingerprint") != golden_fingerprint():
+        old = {}
+    new = {**old, "fingerprint": golden_fingerprint()}
+    if key:
+        new.setdefault("runs", {})[key] = value
+    else:
+        new.update(value)
+    GOLDEN.mkdir(exist_ok=True)
+    path.write_text(json.dumps(new, indent=1) + "\n")

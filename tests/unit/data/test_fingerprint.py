@@ -1,0 +1,69 @@
+"""Prepared data carries a fingerprint of its bytes; checkpoints carry the one they were trained on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import tiny_config
+
+from bert_mp.core.io import atomic_write_json
+from bert_mp.data import prepare as prep
+from bert_mp.data.fingerprint import folder_fingerprint
+from bert_mp.errors import TrainingError
+from bert_mp.pretrain.trainer import train
+
+
+@pytest.fixture(scope="module")
+def prepared_cfg(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp")
+    cfg = tiny_config(root / "run", max_steps=3, save_every=1, export=True)
+    cfg.data.cache_dir, cfg.data.max_documents, cfg.data.vocab_size = str(root / "data"), 40, 300
+    cfg.validate()
+    path = prep.prepare(cfg)
+    return cfg, path
+
+
+def test_prepare_records_the_fingerprint_of_its_bytes(prepared_cfg, tmp_path):
+    _, path = prepared_cfg
+    stats = json.loads((path / "stats.json").read_text())
+    assert stats["fingerprint"] == folder_fingerprint(path) and len(stats["fingerprint"]) == 32
+    import shutil
+
+    copy = tmp_path / "copy"
+    for part in ("dataset", "tokenizer"):
+        shutil.copytree(path / part, copy / part)
+    assert folder_fingerprint(copy) == stats["fingerprint"]
+    vocab = copy / "tokenizer" / "tokenizer.json"
+    vocab.write_bytes(vocab.read_bytes().replace(b'"[MASK]"', b'"[MASQ]"', 1))
+    assert folder_fingerprint(copy) != stats["fingerprint"]  # one changed token string is seen
+
+
+def test_resume_on_rebuilt_data_is_refused_naming_both_fingerprints(prepared_cfg):
+    cfg, path = prepared_cfg
+    summary = train(cfg)
+    trained_on = summary["data"]["fingerprint"]
+    assert trained_on == json.loads((path / "stats.json").read_text())["fingerprint"]
+    assert trained_on in (Path(cfg.train.output_dir) / "final" / "README.md").read_text()
+    # the folder is rebuilt with other bytes under the same key (prepare --force, new WordPiece ids)
+    stats = json.loads((path / "stats.json").read_text())
+    atomic_write_json(path / "stats.json", {**stats, "fingerprint": "0" * 32})
+    cfg.train.resume, cfg.train.max_steps = "latest", 4
+    try:
+        with pytest.raises(TrainingError, match=f"fingerprint {trained_on}, but .* now holds {'0' * 32}"):
+            train(cfg)
+        cfg.train.allow_data_change = True
+        assert train(cfg)["steps"] == 4
+    finally:
+        atomic_write_json(path / "stats.json", stats)
+
+
+def test_force_rebuild_with_other_bytes_says_so(prepared_cfg, capsys):
+    _, path = prepared_cfg
+    old = json.loads((path / "stats.json").read_text())["fingerprint"]
+    prep._say_if_rebuilt_differently(path, old)
+    assert capsys.readouterr().out == ""
+    prep._say_if_rebuilt_differently(path, "f" * 32)
+    out = capsys.readouterr().out
+    assert f"fingerprint {old} -> {'f' * 32}" in out and "train.allow_data_change=true" in out

@@ -1,0 +1,429 @@
+"""`bert-mp prepare` on tiny corpora, in this process: layout, statistics, determinism across num_proc,
+cache keying and atomicity, static masking, and bad input through the CLI entry point (a hostile
+corpus through the real CLI: integration/test_prepare_cli.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import LEXICON as WORDS
+from support import write_corpus
+from transformers import AutoTokenizer
+
+from bert_mp.cli import main
+from bert_mp.core.config import load_config
+from bert_mp.data import prepare as prep
+from bert_mp.data.masking import PretrainingCollator
+from bert_mp.errors import DataError
+
+
+def _cfg(tmp_path: Path, corpus: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            "data.source=text",
+            f"data.paths=[{corpus}]",
+            "data.vocab_size=200",
+            "data.max_seq_length=48",
+            "data.validation_fraction=0.1",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("prepared")
+    return prep.load_prepared(prep.prepare(_cfg(tmp, corpus)))
+
+
+def test_output_layout_columns_and_tokenizer(prepared):
+    p = prepared.path
+    for name in ("dataset", "tokenizer", "config.yaml", "stats.json", "COMPLETE"):
+        assert (p / name).exists(), name
+    assert p.name == load_config(p / "config.yaml").data.cache_key()
+    assert set(prepared.dataset) == {"train", "validation"}
+    assert prepared.dataset["train"].column_names == ["input_ids", "token_type_ids", "next_sentence_label"]
+    tok = AutoTokenizer.from_pretrained(str(p / "tokenizer"))
+    assert len(tok) == prepared.stats["tokenizer_size"] > 100
+    assert prepared.stats["model_vocab_size"] % 64 == 0
+    assert prepared.stats["model_vocab_size"] - 64 < len(tok) <= prepared.stats["model_vocab_size"]
+
+
+def test_every_example_fits_and_has_one_boundary(prepared):
+    cls, sep = prepared.tokenizer.cls_token_id, prepared.tokenizer.sep_token_id
+    for split in ("train", "validation"):
+        ds = prepared.dataset[split]
+        assert len(ds) > 0
+        for ex in ds:
+            ids, tt = ex["input_ids"], ex["token_type_ids"]
+            assert len(ids) <= 48 and len(ids) == len(tt)
+            assert ids[0] == cls and ids[-1] == sep and ids.count(sep) == 2
+            first_sep = ids.index(sep)
+            assert tt == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1)
+            assert first_sep >= 2 and len(ids) - first_sep >= 3  # A and B are non-empty
+
+
+def test_stats_are_consistent_with_the_data(prepared):
+    s, ds = prepared.stats, prepared.dataset["train"]
+    labels = np.array(ds["next_sentence_label"])
+    train = s["per_split"]["train"]
+    assert s["splits"] == {"train": len(ds), "validation": len(prepared.dataset["validation"])}
+    assert train["nsp"]["random_next"] == labels.sum()
+    assert 0.45 <= s["nsp_random_share"] <= 0.55
+    assert sum(train["length_histogram"].values()) == len(ds)
+    lengths = np.array([len(x) for x in ds["input_ids"]])
+    assert train["padding_fraction_at_max_seq_length"] == pytest.approx(1 - lengths.mean() / 48)
+    d = s["documents"]
+    assert d["documents_read"] == d["documents_kept"] == 150
+    assert train["documents"] + s["per_split"]["validation"]["documents"] == 150
+    assert s["tokens"] > 0 and s["tokens_per_sec"] > 0
+    assert set(s["seconds"]) >= {"read", "tokenizer", "split_tokenize_pair", "write", "total"}
+
+
+def test_collator_masks_prepared_examples(prepared):
+    cfg = load_config(prepared.path / "config.yaml")
+    collate = PretrainingCollator(prepared.tokenizer, cfg.data, seed=1)
+    feats = [dict(prepared.dataset["train"][i], index=i, epoch=0) for i in range(16)]
+    batch = collate(feats)
+    assert ((batch["labels"] != -100).sum(1) >= 1).all()
+    assert (batch["labels"][batch["input_ids"] == prepared.tokenizer.cls_token_id] == -100).all()
+
+
+def _rows(path: Path) -> dict:
+    data = prep.load_prepared(path).dataset
+    return {split: data[split].data.table for split in data}
+
+
+def test_num_proc_does_not_change_a_byte(tmp_path, corpus, prepared):
+    # A fixed tokenizer: WordPiece *training* itself is not reproducible run to run (hash-map order
+    # in the Rust trainer, huggingface/tokenizers#1794); everything after it must be.
+    extra = (
+        "data.pairing_block_chars=3000",
+        "data.masking=static",
+        "data.dupe_factor=2",
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+    )
+    one = prep.prepare(_cfg(tmp_path / "one", corpus, *extra, "data.num_proc=1"))
+    four = prep.prepare(_cfg(tmp_path / "four", corpus, *extra, "data.num_proc=4"))
+    stats = json.loads((one / "stats.json").read_text())
+    assert stats["per_split"]["train"]["blocks"] >= 8  # many blocks, spread over the 4 workers
+    a, b = _rows(one), _rows(four)
+    assert a["train"].num_rows > 100
+    for split in a:
+        assert a[split].equals(b[split]), split
+    assert (
+        json.loads((four / "stats.json").read_text())["per_split"]["train"]["examples"] == a["train"].num_rows
+    )
+
+
+def test_static_masking_statistics(tmp_path, corpus):
+    path = prep.prepare(_cfg(tmp_path, corpus, "data.masking=static", "data.dupe_factor=3"))
+    pd = prep.load_prepared(path)
+    m = pd.stats["per_split"]["train"]["masking"]
+    assert m["masked_share_of_candidates"] == pytest.approx(0.15, abs=0.01)
+    assert m["as_mask_token"] == pytest.approx(0.8, abs=0.03)
+    assert m["as_random_token"] == pytest.approx(0.1, abs=0.03)
+    special = set(pd.tokenizer.all_special_ids) - {pd.tokenizer.mask_token_id}
+    for ex in pd.dataset["train"]:
+        labels = np.array(ex["labels"])
+        ids = np.array(ex["input_ids"])
+        assert (labels != -100).sum() >= 1
+        assert not np.isin(labels[labels != -100], list(special)).any()
+        assert np.isin(ids[[0, -1]], [pd.tokenizer.cls_token_id, pd.tokenizer.sep_token_id]).all()
+
+
+def test_cache_reuse_force_and_key(tmp_path, corpus, monkeypatch, capsys):
+    cfg = _cfg(tmp_path, corpus)
+    path = prep.prepare(cfg)
+
+    def boom(*a, **k):
+        raise AssertionError("rebuilt although a complete cache exists")
+
+    with monkeypatch.context() as m:
+        m.setattr(prep, "_build", boom)
+        assert prep.prepare(cfg) == path
+    assert "reusing" in capsys.readouterr().out
+    other = _cfg(tmp_path, corpus, "data.seed=7")
+    assert other.data.cache_key() != cfg.data.cache_key()
+    assert _cfg(tmp_path, corpus, "data.num_proc=3").data.cache_key() == cfg.data.cache_key()
+    (path / "COMPLETE").write_text("old\n")
+    assert prep.prepare(cfg, force=True) == path
+    assert (path / "COMPLETE").read_text() != "old\n"  # really rebuilt
+    assert not list(path.parent.glob(".tmp-*")) and not list(path.parent.glob(".old-*"))
+
+
+def test_crash_leaves_no_cache_and_partial_folder_is_never_used(tmp_path, corpus, monkeypatch):
+    cfg = _cfg(tmp_path, corpus)
+    final = prep.cache_path(cfg.data)
+
+    def crash(*a, **k):
+        raise RuntimeError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(prep, "save_tokenizer", crash)
+        with pytest.raises(RuntimeError, match="disk full"):
+            prep.prepare(cfg)
+    assert not final.exists() and not list(final.parent.glob(".tmp-*"))
+    final.mkdir(parents=True)  # a half-written folder from some other crash
+    (final / "stats.json").write_text("{}")
+    with pytest.raises(DataError, match="incomplete"):
+        prep.load_prepared(final)
+    assert prep.is_complete(prep.prepare(cfg))
+
+
+def test_one_document_corpus_is_reported(tmp_path):
+    corpus = write_corpus(tmp_path / "one.txt", n_docs=1, max_sents=60)
+    path = prep.prepare(_cfg(tmp_path, corpus, "data.validation_fraction=0"))
+    s = json.loads((path / "stats.json").read_text())
+    nsp = s["per_split"]["train"]["nsp"]
+    assert nsp["random_next"] == 0 and nsp["no_other_document"] + nsp["skipped_single_segment"] > 0
+    assert any("single document" in w for w in s["warnings"])
+    assert s["splits"]["validation"] == 0
+
+
+def test_single_sentence_single_document_is_an_error(tmp_path):
+    (tmp_path / "c.txt").write_text("Just one sentence here.\n")
+    with pytest.raises(DataError, match="no training pairs"):
+        prep.prepare(_cfg(tmp_path, tmp_path / "c.txt", "data.validation_fraction=0"))
+
+
+def _main(tmp_path, monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """The CLI entry point in this process (faster than a subprocess; same code path)."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["prepare", *args, f"data.cache_dir={tmp_path / 'cache'}"])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_bad_input_gives_one_line_errors(tmp_path, monkeypatch, capsys):
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    (tmp_path / "bad.txt").write_bytes(b"caf\xe9 au lait. Second sentence.\n\nOther doc here. And more.\n")
+    cases = [
+        (["data.source=text", "data.paths=[missing.txt]"], "file not found: missing.txt"),
+        (["data.source=text", "data.paths=[empty.txt]"], "no usable documents"),
+        (["data.source=text", "data.paths=[bad.txt]", "data.encoding_errors=strict"], "invalid UTF-8"),
+        (["data.max_seq_length=600"], "data.max_seq_length: must be between 8 and 512"),
+    ]
+    for args, message in cases:
+        rc, _, err = _main(tmp_path, monkeypatch, capsys, *args)
+        assert rc == 2, (args, err[-2000:])
+        last = err.strip().splitlines()[-1]
+        assert message in last and last.startswith("bert-mp prepare: error:"), err[-2000:]
+        assert "Traceback" not in err
+
+
+def test_cli_jsonl_with_missing_text_fields(tmp_path, monkeypatch, capsys):
+    rows = [{"text": "Alpha beta gamma. Delta epsilon zeta. Eta theta iota."}] * 20 + [
+        {"body": "x"},
+        {"text": 3},
+    ]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    args = ("data.source=jsonl", "data.paths=[d.jsonl]", "data.vocab_size=100", "data.max_seq_length=16")
+    rc, out, err = _main(tmp_path, monkeypatch, capsys, *args)
+    assert rc == 0, err[-3000:]
+    assert "records without text" in out and "d.jsonl:21" in out
+    rc, _, err = _main(tmp_path, monkeypatch, capsys, *args, "data.text_column=nope")
+    assert rc == 2 and "without a string 'nope'" in err and "d.jsonl:1" in err
+
+
+def test_trained_tokenizer_is_shared_by_configs_on_the_same_corpus(tmp_path, corpus):
+    a = prep.load_prepared(prep.prepare(_cfg(tmp_path, corpus)))
+    b = prep.load_prepared(
+        prep.prepare(_cfg(tmp_path, corpus, "data.masking=static", "data.max_seq_length=40"))
+    )
+    assert a.path != b.path
+    assert a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
+    c = prep.load_prepared(prep.prepare(_cfg(tmp_path, corpus, "data.vocab_size=150")))
+    assert len(c.tokenizer) < len(a.tokenizer)
+
+
+def test_pretrained_tokenizer_by_path(tmp_path, prepared, corpus):
+    cfg = _cfg(tmp_path, corpus, f"data.tokenizer={prepared.path / 'tokenizer'}")
+    pd = prep.load_prepared(prep.prepare(cfg))
+    assert pd.stats["tokenizer_size"] == prepared.stats["tokenizer_size"]
+    assert pd.stats["tokenizer"] == str(prepared.path / "tokenizer")
+
+
+def test_cli_config_error_is_one_line(capsys):
+    assert main(["prepare", "data.masking=sometimes"]) == 2
+    assert "data.masking" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_path_gives_the_same_rows_as_the_local_path(tmp_path, corpus, prepared, streaming):
+    """The same documents through source=hub (a local dataset folder, streamed or not) and through
+    source=jsonl prepare byte-identical rows (same tokenizer, so WordPiece training is out of it)."""
+    docs = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    folder = tmp_path / "hub_dataset"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs), encoding="utf-8")
+    common = [f"data.tokenizer={prepared.path / 'tokenizer'}", "data.masking=static"]
+    local = _cfg(tmp_path, corpus, "data.source=jsonl", f"data.paths=[{folder / 'train.jsonl'}]", *common)
+    hub = _cfg(
+        tmp_path, corpus, "data.source=hub", f"data.hub_name={folder}", f"data.streaming={streaming}", *common
+    )
+    a = prep.load_prepared(prep.prepare(local)).dataset
+    b = prep.load_prepared(prep.prepare(hub)).dataset
+    for split in ("train", "validation"):
+        assert len(a[split]) > 0
+        assert a[split].data.table.equals(b[split].data.table), split
+
+
+def _marker_corpus(path: Path) -> Path:
+    """Documents with varied text; some contain the inline marker character itself."""
+    rng = random.Random(3)
+    extra = ["caf\u00e9", "\u00fcber", "\u65e5\u672c", "x|y", "a \u00b6 b", "(3.5%)", '"quoted"', "e.g."]
+    docs = []
+    for d in range(120):
+        sents = []
+        for _ in range(rng.randint(1, 8)):
+            words = [rng.choice(WORDS + (extra if d % 3 == 0 else [])) for _ in range(rng.randint(2, 14))]
+            sents.append(" ".join(words).capitalize() + rng.choice([".", "!", "?"]))
+        docs.append(" ".join(sents))
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def test_inline_marker_gives_the_same_rows_as_sep(tmp_path, monkeypatch):
+    corpus = _marker_corpus(tmp_path / "corpus.txt")
+    base = prep.prepare(_cfg(tmp_path / "tok", corpus))
+    tok = f"data.tokenizer={base / 'tokenizer'}"
+    assert prep.inline_marker(AutoTokenizer.from_pretrained(base / "tokenizer"))[0] == "|"
+    extra = (tok, "data.masking=static", "data.pairing_block_chars=2000")
+    inline = prep.prepare(_cfg(tmp_path / "inline", corpus, *extra))
+    stats = json.loads((inline / "stats.json").read_text())
+    train = stats["per_split"]["train"]
+    # Documents holding "|" (about a tenth) keep [SEP]; the rest use the inline marker.
+    assert 0 < train["sep_marked_documents"] < train["documents"] // 2
+    monkeypatch.setattr(prep, "inline_marker", lambda tokenizer: None)
+    sep = prep.prepare(_cfg(tmp_path / "sep", corpus, *extra))
+    a, b = _rows(inline), _rows(sep)
+    assert a["train"].num_rows > 50
+    for split in a:
+        assert a[split].equals(b[split]), split
+
+
+def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
+    """A marker that does not come back once per boundary (here: an id that never appears, as with a
+    normalizer that rewrites the character) is caught per document and redone with [SEP]."""
+    corpus = _marker_corpus(tmp_path / "corpus.txt")
+    base = prep.prepare(_cfg(tmp_path / "tok", corpus))
+    extra = (f"data.tokenizer={base / 'tokenizer'}", "data.pairing_block_chars=2000")
+    good = prep.prepare(_cfg(tmp_path / "good", corpus, *extra))
+    wrong_id = AutoTokenizer.from_pretrained(base / "tokenizer").mask_token_id  # never in the output
+    monkeypatch.setattr(prep, "inline_marker", lambda tokenizer: ("|", wrong_id))
+    redone = prep.prepare(_cfg(tmp_path / "redone", corpus, *extra))
+    train = json.loads((redone / "stats.json").read_text())["per_split"]["train"]
+    assert train["sep_marked_documents"] == train["documents"]
+    a, b = _rows(good), _rows(redone)
+    for split in a:
+        assert a[split].equals(b[split]), split
+
+
+def test_take_texts_reads_a_window_of_a_chunked_column():
+    import pyarrow as pa
+
+    texts = [f"doc {i} " + "x" * (i % 7) for i in range(1000)]
+    table = pa.Table.from_batches(
+        [pa.RecordBatch.from_pydict({"text": texts[lo : lo + 64]}) for lo in range(0, 1000, 64)]
+    )
+    assert table.column("text").num_chunks > 10
+    for ids in ([5], [63, 64, 65], list(range(200, 400, 3)), [0, 999], []):
+        assert prep.take_texts(table, ids) == [texts[i] for i in ids]
+    assert prep.take_texts(table, np.array([70, 71, 130])) == [texts[70], texts[71], texts[130]]
+
+
+def _multi_file_corpus(folder: Path) -> Path:
+    folder.mkdir()
+    for i in range(5):
+        write_corpus(folder / f"part-{i}.txt", n_docs=30, seed=10 + i)
+    (folder / "part-5-empty.txt").write_text("")
+    (folder / "part-6-latin1.txt").write_bytes(
+        "Caf\xe9 cr\xe8me. Na\xefve text.\r\n\r\nTwo. Yes.".encode("latin-1")
+    )
+    return folder
+
+
+def test_parallel_read_gives_the_same_documents_rows_and_counts(tmp_path, prepared, monkeypatch):
+    groups = []
+    original = prep._file_groups
+
+    def spy(paths, jobs):
+        groups.append(original(paths, jobs))
+        return groups[-1]
+
+    monkeypatch.setattr(prep, "_file_groups", spy)
+    folder = _multi_file_corpus(tmp_path / "many")
+    extra = (f"data.tokenizer={prepared.path / 'tokenizer'}", "data.pairing_block_chars=3000")
+    one = prep.prepare(_cfg(tmp_path / "one", folder, *extra, "data.num_proc=1"))
+    three = prep.prepare(_cfg(tmp_path / "three", folder, *extra, "data.num_proc=3"))
+    # only the second run read in parallel: three contiguous runs of files, all files once, in order
+    assert len(groups) == 1 and len(groups[0]) == 3
+    assert [f for g in groups[0] for f in g] == [str(p) for p in sorted(folder.iterdir())]
+    a, b = _rows(one), _rows(three)
+    for split in a:
+        assert a[split].num_rows > 0 and a[split].equals(b[split]), split
+    sa, sb = (json.loads((p / "stats.json").read_text())["documents"] for p in (one, three))
+    assert sa == sb
+    assert sa["files"] == 7 and sa["files_empty"] == [str(folder / "part-5-empty.txt")]
+    assert sa["invalid_utf8_replaced"] == 3 and sa["documents_kept"] == 152
+
+
+def test_parallel_read_error_names_the_file(tmp_path, prepared):
+    folder = _multi_file_corpus(tmp_path / "many")
+    cfg = _cfg(
+        tmp_path,
+        folder,
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+        "data.encoding_errors=strict",
+        "data.num_proc=2",
+    )
+    with pytest.raises(DataError, match=r"part-6-latin1\.txt.*invalid UTF-8"):
+        prep.prepare(cfg)
+    assert not any((tmp_path / "cache").glob(".tmp-*"))  # nothing half-built left behind
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 4])
+def test_balance_lanes_spreads_cost_and_keeps_every_item_once(lanes):
+    rng = random.Random(lanes)
+    for _ in range(50):
+        costs = [rng.randint(1, 100) for _ in range(rng.randint(1, 30))]
+        out = prep.balance_lanes(costs, lanes)
+        assert len(out) == lanes and sorted(i for lane in out for i in lane) == list(range(len(costs)))
+        assert all(lane == sorted(lane) for lane in out)
+        loads = [sum(costs[i] for i in lane) for lane in out]
+        best = max(max(costs), -(-sum(costs) // lanes))  # a lower bound on the best possible maximum
+        assert max(loads) <= best * 4 / 3 + max(costs) / 3  # LPT's guarantee, with slack for the bound
+
+
+def test_balance_lanes_puts_the_small_block_beside_half_the_big_ones():
+    # 24 training blocks of ~equal size and a small validation block on 2 workers: 12 + small and
+    # 12, not the 13 and 12 of a contiguous split
+    out = prep.balance_lanes([2_000_000] * 24 + [900_000], 2)
+    assert sorted(len(lane) for lane in out) == [12, 13]
+    assert 24 in next(lane for lane in out if len(lane) == 13)
+
+
+def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
+    sizes = [100, 100, 100, 100, 1000, 50, 50, 500]
+    paths = []
+    for i, n in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(b"x" * n)
+    for jobs in (1, 2, 3, 8, 20):
+        groups = prep._file_groups(paths, jobs)
+        assert [f for g in groups for f in g] == [str(p) for p in paths]
+        assert 1 <= len(groups) <= min(jobs, len(paths)) and all(groups)
+    two = prep._file_groups(paths, 2)
+    assert [len(g) for g in two] == [5, 3]  # 1400 bytes then 600: the cut after the big file

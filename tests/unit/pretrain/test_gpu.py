@@ -1,0 +1,223 @@
+"""CUDA behaviour (``pytest -m gpu``; skipped without a CUDA device): precision flags, fp16 overflow,
+kernel verdicts, export, host syncs per step. Tiny models, a few steps each. Deterministic resume
+in fresh processes: integration/test_gpu_resume.py."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from support import make_prepared
+from support import tiny_gpu_config as _gpu_config
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_prepared(tmp_path_factory.mktemp("prepared"), n_train=256, n_val=32, max_len=32)
+
+
+def _rows(out: Path) -> list[dict]:
+    from bert_mp.core.io import read_jsonl
+
+    return [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_one_step_per_precision_records_the_flags(data, tmp_path, precision):
+    from bert_mp.pretrain.trainer import train
+
+    s = train(_gpu_config(tmp_path / precision, precision=precision, max_steps=2, export=False), data)
+    assert s["status"] == "completed" and s["steps"] == 2
+    p = s["precision"]
+    assert p["device"].startswith("cuda") and p["name"] == precision
+    tf32_on = precision == "tf32"
+    assert p["matmul"]["cuda_matmul_allow_tf32"] is tf32_on
+    assert p["matmul"]["cudnn_allow_tf32"] is tf32_on
+    assert p["matmul"]["float32_matmul_precision"] == ("high" if tf32_on else "highest")
+    assert p["autocast_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}.get(precision)
+    assert p["accelerate_mixed_precision"] == {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no")
+    assert p["loss_scaler"] is (precision == "fp16")
+    assert (
+        s["memory"]["kind"] == "cuda_max_allocated"
+        and s["memory"]["peak_reserved_bytes"] >= s["memory"]["peak_bytes"]
+    )
+    rows = _rows(tmp_path / precision)
+    assert all(r["loss/total"] is not None for r in rows)
+
+
+def test_fp16_overflow_skips_step_without_advancing_scheduler(data, tmp_path, monkeypatch):
+    import bert_mp.pretrain.trainer as train_mod
+    from bert_mp.core.optim import lr_lambda
+
+    snapshots: list[torch.Tensor] = []
+    real = train_mod.build_model
+
+    def build(*a, **k):
+        model = real(*a, **k)
+        w = model.bert.encoder.layer[0].output.dense.weight
+
+        def hook(grad):
+            snapshots.append(w.detach().clone())
+            return torch.full_like(grad, float("inf")) if len(snapshots) == 3 else grad
+
+        w.register_hook(hook)
+        return model
+
+    cfg = _gpu_config(
+        tmp_path / "run",
+        precision="fp16",
+        max_steps=5,
+        fp16_init_scale=1024.0,
+        fp16_growth_interval=1000,
+        export=False,
+    )
+    s = train_mod.train(cfg, data, build_model=build)
+    rows = _rows(tmp_path / "run")
+    assert len(snapshots) == 6 and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert torch.equal(snapshots[2], snapshots[3])  # the overflowed step left the weights alone
+    assert [r["amp/loss_scale"] for r in rows] == [1024.0, 1024.0, 512.0, 512.0, 512.0]
+    f = lr_lambda(cfg.train)
+    assert [r["optim/lr"] for r in rows] == pytest.approx([cfg.train.learning_rate * f(i) for i in range(5)])
+    assert s["amp"] == {"loss_scale": 512.0, "skipped_steps": 1}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_kernel_check_verdicts(precision):
+    from transformers import BertForPreTraining
+
+    from bert_mp.core.config import ModelConfig
+    from bert_mp.core.precision import resolve_precision
+    from bert_mp.model.bert import PretrainingModel, bert_config
+    from bert_mp.sweep.diagnostics import probe_precision, synthetic_batch
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="tiny", hidden_size=128, num_attention_heads=2, intermediate_size=512)
+    model = PretrainingModel(BertForPreTraining(bert_config(cfg, 512)), max_predictions_per_seq=20).to(dev)
+    r = probe_precision(model, synthetic_batch(512, 16, 64, dev), resolve_precision(precision, dev), steps=1)
+    check = r["cuda_kernel_check"]
+    assert r["batch_padding_fraction"] > 0  # profiled with padding, like training
+    g = check["counts"]["gemm"]
+    assert g["total"] > 0, r["cuda_kernels"]
+    if precision == "fp32":
+        assert g["tensor-core"] == 0, r["cuda_kernels"]  # strict fp32: no TF32 GEMM
+    else:
+        assert g["tensor-core"] > 0 and check["ok"] is True, r["cuda_kernels"]
+
+
+def test_export_round_trip_reproduces_logits(data, tmp_path, monkeypatch):
+    from transformers import BertForPreTraining, BertForSequenceClassification
+
+    import bert_mp.pretrain.trainer as train_mod
+
+    built: list = []
+    real = train_mod.build_model
+    out = tmp_path / "run"
+    train_mod.train(
+        _gpu_config(out, precision="bf16", max_steps=3, export=True),
+        data,
+        build_model=lambda *a, **k: built.append(real(*a, **k)) or built[-1],
+    )
+    trained = built[-1].eval()
+    exported = BertForPreTraining.from_pretrained(str(out / "final")).cuda().eval()
+    ids = torch.randint(5, 64, (2, 16), device="cuda")
+    with torch.no_grad():
+        a = trained(input_ids=ids).prediction_logits.float()
+        b = exported(input_ids=ids).prediction_logits.float()
+    torch.testing.assert_close(a, b)
+    cls = BertForSequenceClassification.from_pretrained(str(out / "final"), num_labels=2).cuda().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            cls.bert(input_ids=ids).last_hidden_state, exported.bert(input_ids=ids).last_hidden_state
+        )
+
+
+def _count_syncs(fn) -> int:
+    """CUDA synchronisations ``fn`` triggers, counted with torch's sync debug mode (one warning each)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+def test_model_step_has_no_host_syncs():
+    """Forward, backward, clipping and a fused AdamW step of the pretraining model: no host sync with
+    the static masked-row gather and no attention mask for an unpadded batch."""
+    from transformers import BertForPreTraining
+
+    from bert_mp.core.config import ModelConfig
+    from bert_mp.model.bert import PretrainingModel, bert_config, drop_full_attention_mask
+    from bert_mp.sweep.diagnostics import synthetic_batch
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="tiny", hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    model = PretrainingModel(BertForPreTraining(bert_config(cfg, 256)), max_predictions_per_seq=20).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    batch = drop_full_attention_mask(synthetic_batch(256, 8, 32, torch.device("cpu"), padded=False))
+    batch = {k: v.cuda() for k, v in batch.items()}
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**batch)
+            loss = (
+                out["mlm_loss_sum"] / out["mlm_count"].clamp(min=1) + out["nsp_loss_sum"] / out["nsp_count"]
+            )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up: lazy initialisation may sync once
+    assert _count_syncs(step) == 0
+
+
+def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
+    """The loop's syncs per step (between the start of step 1 and the end of the last step; the final
+    evaluation and checkpoint copy tensors to the host by design), per ``train.metrics_sync`` mode,
+    bounded so a regression shows."""
+    from bert_mp.core import callbacks
+    from bert_mp.pretrain.trainer import train
+
+    n_steps = 6
+
+    class SyncWindow(callbacks.BaseCallback):
+        def on_train_start(self, state, ctx):
+            super().on_train_start(state, ctx)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+
+        def on_step_end(self, state, logs):
+            if state.step == n_steps:
+                torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setitem(callbacks.REGISTRY, "sync_window", SyncWindow)
+    train(_gpu_config(tmp_path / "warm", precision="bf16", max_steps=2, export=False), data)
+    per_mode = {}
+    for mode in ("step", "log"):
+        cfg = _gpu_config(tmp_path / mode, precision="bf16", max_steps=n_steps, export=False, log_every=1000)
+        cfg.train.callbacks = [*cfg.train.callbacks, "sync_window"]
+        cfg.train.metrics_sync = mode
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                train(cfg, data)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        per_mode[mode] = sum("synchroniz" in str(w.message).lower() for w in caught)
+    print(f"host syncs in {n_steps} bf16 steps: {per_mode} (docs/gpu.md, train.metrics_sync)")
+    # step: the figures before the optimizer step and the grad norm after it; log: the one read of all
+    # pending rows at the end (the window closes inside it), plus at most one more
+    assert per_mode["step"] <= 3 * n_steps
+    assert per_mode["log"] <= 2

@@ -1,0 +1,205 @@
+"""scripts/gpu_check.py on CPU: the wheel choice against a machine's packages, the summary assembled
+from recorded phase files (targets, tables), and the dry-run plumbing of the summary phase."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from support import load_script
+
+gpu_check = load_script("gpu_check")
+
+
+def _wheel(d: Path, name: str, version: str, requires: list[str]) -> Path:
+    path = d / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA", meta)
+    return path
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    w = [
+        _wheel(
+            tmp_path,
+            "datasets",
+            "5.2.0",
+            [
+                "pyarrow>=24.0.0",
+                "dill<0.4.2,>=0.3.0",
+                "fsspec<=2026.9.0",
+                "huggingface-hub>=1.31.0",
+                "multiprocess<0.70.20",
+                "xxhash",
+            ],
+        ),
+        _wheel(
+            tmp_path,
+            "datasets",
+            "4.0.0",
+            [
+                "pyarrow>=15.0.0",
+                "dill<0.3.9,>=0.3.0",
+                "fsspec[http]<=2025.3.0",
+                "huggingface-hub>=0.24.0",
+                "multiprocess<0.70.17",
+                "xxhash",
+                'tomli; python_version < "3.0"',
+                "tqdm; extra == 'dev'",
+            ],
+        ),
+        _wheel(tmp_path, "dill", "0.4.1", []),
+        _wheel(tmp_path, "dill", "0.3.8", []),
+        _wheel(tmp_path, "multiprocess", "0.70.19", ["dill>=0.4.1"]),
+        _wheel(tmp_path, "multiprocess", "0.70.16", ["dill>=0.3.8"]),
+        _wheel(tmp_path, "fsspec", "2026.9.0", []),
+        _wheel(tmp_path, "fsspec", "2025.3.0", []),
+        _wheel(tmp_path, "omegaconf", "2.4.0", ["PyYAML>=5.1.0"]),
+    ]
+    return w
+
+
+def _names(chosen):
+    return {k: v.name.split("-")[1] for k, v in chosen.items()}
+
+
+def test_newest_datasets_when_the_machine_allows_it(wheels):
+    machine = {
+        "pyarrow": "24.0.1",
+        "huggingface-hub": "1.33.0",
+        "xxhash": "3.6.0",
+        "fsspec": "2026.9.0",
+        "pyyaml": "6.0.3",
+    }
+    chosen, problems = gpu_check.choose_wheels(wheels, machine)
+    assert problems == []
+    # the machine's own fsspec / xxhash fit: not carried
+    assert _names(chosen) == {
+        "datasets": "5.2.0",
+        "dill": "0.4.1",
+        "multiprocess": "0.70.19",
+        "omegaconf": "2.4.0",
+    }
+
+
+def test_older_datasets_when_pyarrow_is_older(wheels):
+    machine = {
+        "pyarrow": "21.0.0",
+        "huggingface-hub": "1.33.0",
+        "xxhash": "3.6.0",
+        "fsspec": "2026.9.0",
+        "pyyaml": "6.0",
+    }
+    chosen, problems = gpu_check.choose_wheels(wheels, machine)
+    assert problems == []
+    assert _names(chosen) == {
+        "datasets": "4.0.0",
+        "dill": "0.3.8",
+        "multiprocess": "0.70.16",
+        "fsspec": "2025.3.0",
+        "omegaconf": "2.4.0",
+    }
+
+
+def test_nothing_fits_is_reported(wheels):
+    chosen, problems = gpu_check.choose_wheels(
+        wheels, {"pyarrow": "12.0", "huggingface-hub": "1.0", "pyyaml": "6.0"}
+    )
+    assert "datasets" not in chosen and len(problems) == 1 and "pyarrow" in problems[0]
+    # already installed: nothing to do
+    chosen, problems = gpu_check.choose_wheels(wheels, {"datasets": "3.0", "omegaconf": "2.3"})
+    assert chosen == {} and problems == []
+
+
+def _bench(fp32, tf32, bf16, fp16, mfu_bf16):
+    def r(tps, mfu=None):
+        return {"tokens_per_sec": tps, "step_ms": 1000.0, "ratio_vs_baseline": tps / 100.0, "mfu": mfu}
+
+    return {
+        "device": "NVIDIA H100 80GB HBM3",
+        "results": {
+            "baseline_hf_fp32": r(100.0),
+            "bert_mp_fp32": r(fp32, 0.6),
+            "bert_mp_tf32": r(tf32),
+            "bert_mp_bf16": r(bf16, mfu_bf16),
+            "bert_mp_fp16": r(fp16),
+        },
+    }
+
+
+def test_summary_from_recorded_phases(tmp_path):
+    phases = {
+        "install": {"status": "ok", "device": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0"}},
+        "tests": {
+            "status": "failed",
+            "counts": {"passed": 11, "failed": 1, "skipped": 0},
+            "failed": ["tests.test_gpu::test_x"],
+        },
+        "ladder": {
+            "status": "ok",
+            "bench": _bench(1000.0, 3500.0, 5200.0, 5400.0, 0.41),
+            "kernels": {"fp32": {"verdict": "GEMMs: 0/70 launches on tensor cores"}, "bf16": "skipped: x"},
+        },
+        "compile": None,
+        "sweep": None,
+    }
+    s = gpu_check.build_summary(phases)
+    t = s["targets"]
+    assert t["tf32_speedup_vs_fp32"] == {"value": 3.5, "target": 3.0, "met": True}
+    assert t["bf16_speedup_vs_fp32"]["value"] == 5.2 and t["bf16_speedup_vs_fp32"]["met"] is True
+    assert t["bf16_mfu"]["met"] is False  # 41% < 45%
+    assert (
+        t["fp16_vs_bf16_gap"]["value"] == pytest.approx(5400 / 5200 - 1)
+        and t["fp16_vs_bf16_gap"]["met"] is True
+    )
+    assert s["phases"] == {
+        "install": "ok",
+        "tests": "failed",
+        "ladder": "ok",
+        "compile": "not run",
+        "sweep": "not run",
+    }
+    assert s["targets_compiled"] is None and not s["dry_run"]
+    md = gpu_check.summary_markdown(s)
+    assert "| bert_mp_bf16 | 5,200 |" in md and "| bf16_mfu | 41.0% | >= 45.0% | NO |" in md
+    assert "FAILED tests.test_gpu::test_x" in md and "GEMMs: 0/70" in md
+    json.dumps(s)  # serialisable
+
+
+def test_targets_not_measured_without_a_ladder():
+    s = gpu_check.build_summary({"install": None})
+    assert all(v["met"] is None for v in s["targets"].values())
+    assert "not measured" not in gpu_check.summary_markdown(s)  # no ladder, no table
+
+
+def test_summary_phase_writes_out_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "STATE", tmp_path / "state")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "ladder.json").write_text(
+        json.dumps({"status": "ok", "dry_run": True, "bench": _bench(10.0, 30.0, 50.0, 50.0, None)})
+    )
+    assert gpu_check.main([str(tmp_path / "out"), "summary"]) == 0
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["dry_run"] is True and s["targets"]["bf16_mfu"]["met"] is None
+    assert (tmp_path / "out" / "ladder.json").exists() and "dry run" in (
+        tmp_path / "out" / "summary.md"
+    ).read_text()
+
+
+def test_docstring_corpus(tmp_path):
+    pkg = tmp_path / "site-packages" / "demo"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text(
+        '"""A module docstring that is long enough to keep as text."""\ndef f():\n    """Short."""\n'
+    )
+    (pkg / "b.py").write_text("def broken(:\n")
+    info = gpu_check.write_docstring_corpus(tmp_path / "corpus", 10_000, roots=[tmp_path / "site-packages"])
+    assert info["documents"] == 1 and info["files"] == 1
+    text = (tmp_path / "corpus" / "corpus_00.txt").read_text()
+    assert text.startswith("A module docstring") and "Short." not in text
