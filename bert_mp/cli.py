@@ -2,7 +2,8 @@
 
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
-a traceback; ``--debug`` shows the traceback.
+a traceback; ``--debug`` shows the traceback. Ctrl-C ends in one line too, ``interrupted (SIGINT)``
+(with what was left on disk where data was being prepared), exit code 130.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
-from bert_mp.errors import BertMPError
+from bert_mp.errors import BertMPError, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
 COMMANDS = {
@@ -121,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"bert-mp {ns.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C
+        if debug:
+            raise
+        stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+        print(stop.line(ns.command), file=sys.stderr)
+        return 128 + stop.signum
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
