@@ -47,6 +47,9 @@ COMMANDS = {
         "every config key with its type, default and description",
     ),
 }
+CHECKED_FIRST = ("prepare", "train", "finetune")
+"""Commands whose config is loaded (and a mistake in it reported) before their module is imported:
+half the start-up time (transformers and datasets are not needed to say that a key is wrong)."""
 CONFIG_EPILOG = (
     "Every key, its default and what it does: `bert-mp config` (or `bert-mp config train`, "
     "`bert-mp config data.max_seq_length`)."
@@ -106,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
     module_name, func_name, _ = COMMANDS[ns.command]
     try:
+        if ns.command in CHECKED_FIRST:
+            from bert_mp.core.config import load_config
+
+            load_config(*split_config_args(ns.args))
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command == "report":
             return int(func(ns.path) or 0)
