@@ -19,3 +19,22 @@ class HardwareError(BertMPError, RuntimeError):
 
 class TrainingError(BertMPError, RuntimeError):
     """Training stopped on purpose (divergence, loss-scale collapse); state was saved first."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) while data was prepared; ``detail`` says what was left on disk.
+
+    The CLI prints :meth:`line` and exits ``128 + signum`` (a SIGTERM there prints the same line
+    and exits 143 at once). A ``KeyboardInterrupt``, so ``except Exception`` blocks let it through.
+    """
+
+    def __init__(self, signum: int, detail: str = ""):
+        super().__init__(signum, detail)
+        self.signum, self.detail = int(signum), detail
+
+    def line(self, command: str) -> str:
+        """``bert-mp <command>: interrupted (SIGINT); <detail>``."""
+        import signal
+
+        name = signal.Signals(self.signum).name
+        return f"bert-mp {command}: interrupted ({name})" + (f"; {self.detail}" if self.detail else "")

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -32,6 +33,7 @@ import pyarrow.compute as pc
 
 from bert_mp.core.config import Config, DataConfig, load_config, save_config
 from bert_mp.core.io import atomic_write_json
+from bert_mp.core.loop import interrupts_in_this_process_only
 from bert_mp.data.corpus import (
     ReadStats,
     describe_source,
@@ -53,7 +55,7 @@ from bert_mp.data.tokenizer import (
     save_tokenizer,
     train_wordpiece,
 )
-from bert_mp.errors import DataError
+from bert_mp.errors import DataError, Interrupted
 
 SPLITS = ("train", "validation")
 _STREAM_SPLIT = 3
@@ -505,9 +507,13 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
         else:
             with ProcessPoolExecutor(len(groups), initializer=_init_reader, initargs=(counter,)) as pool:
                 futures = [pool.submit(_read_job, data, g, o) for g, o in zip(groups, outs, strict=True)]
-                while not all(f.done() for f in futures):
-                    time.sleep(0.1)
-                    bar.update(counter.value - bar.n)
+                try:
+                    while not all(f.done() for f in futures):
+                        time.sleep(0.1)
+                        bar.update(counter.value - bar.n)
+                except BaseException:  # an interruption: end the readers now, not when they finish
+                    _stop_pool(pool)
+                    raise
                 parts = [f.result() for f in futures]  # the first failing run (in file order) raises
             bar.update(counter.value - bar.n)
     stats = merge_read_stats([resolved, *parts])
@@ -520,6 +526,18 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
         raise DataError(f"no usable documents in {describe_source(data)} ({detail})")
     docs = [Dataset.from_file(o) for o in outs]
     return (docs[0] if len(docs) == 1 else concatenate_datasets(docs)), stats
+
+
+def _stop_pool(pool: Any) -> None:
+    """Cancel a ProcessPoolExecutor's queued jobs and terminate its workers (Python 3.14 has
+    ``terminate_workers``; before, the workers are reached through ``_processes``)."""
+    if hasattr(pool, "terminate_workers"):
+        pool.terminate_workers()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        proc.terminate()
 
 
 def _length_summary(column: Any, max_len: int) -> tuple[int, int, dict[str, int]]:
@@ -944,25 +962,53 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    was_complete = is_complete(final)
+
+    def on_exit(signum: int) -> None:  # SIGTERM (or a second Ctrl-C): the process exits right after
+        detail = _left_behind(final, tmp, was_complete)
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(Interrupted(signum, detail).line("prepare"), file=sys.stderr)
+
     try:
-        tmp.mkdir()
-        stats = _build(cfg, tmp, force)
-        stats["warnings"] = _warnings(stats, data)
-        stats["fingerprint"] = folder_fingerprint(tmp)
-        _say_if_rebuilt_differently(final, stats["fingerprint"])
-        save_config(data_only(cfg), tmp / "config.yaml")
-        atomic_write_json(tmp / "stats.json", stats)
-        (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-        if final.exists():
-            old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.rename(final)
+        with interrupts_in_this_process_only(on_exit) as caught:
+            try:
+                tmp.mkdir()
+                stats = _build(cfg, tmp, force)
+                stats["warnings"] = _warnings(stats, data)
+                stats["fingerprint"] = folder_fingerprint(tmp)
+                _say_if_rebuilt_differently(final, stats["fingerprint"])
+                save_config(data_only(cfg), tmp / "config.yaml")
+                atomic_write_json(tmp / "stats.json", stats)
+                (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+                _publish(tmp, final)
+            except BaseException:
+                if caught.signum is None:
+                    raise
+                # whatever unwinding the worker pools raised on the way (datasets chains a TimeoutError)
+                raise Interrupted(caught.signum, _left_behind(final, tmp, was_complete)) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     print_summary(stats, final)
     return final
+
+
+def _left_behind(final: Path, tmp: Path, was_complete: bool) -> str:
+    """What an interrupted :func:`prepare` leaves at ``final`` (its temporary folder is removed)."""
+    if not is_complete(final):
+        if was_complete:  # the signal came between the two renames of _publish
+            return f"{final} removed while its older copy was being replaced; run prepare again"
+        return f"nothing written to {final}"
+    return f"{final} kept as it was" if tmp.exists() else f"{final} was complete before the signal"
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` folder to ``final``, replacing an older copy."""
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(final)
 
 
 def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:

@@ -223,6 +223,8 @@ def read_table_file(path: str, key: str) -> datasets.Dataset:
     fmt = _file_format(path)
     if Path(path).stat().st_size == 0:
         raise DataError(f"{key}: {path} is empty (0 bytes)")
+    if fmt == "csv" and _at_most_one_line(path):  # before load_dataset, whose progress bar would print
+        raise DataError(f"{key}: {path} has no data rows (a header at most)")
     kwargs = {"delimiter": "\t"} if Path(path).suffix.lower() == ".tsv" else {}
     try:
         ds = datasets.load_dataset(fmt, data_files={"rows": str(path)}, split="rows", **kwargs)
@@ -237,6 +239,13 @@ def read_table_file(path: str, key: str) -> datasets.Dataset:
     if len(ds) == 0:
         raise DataError(f"{key}: {path} has no data rows (a header at most)")
     return ds
+
+
+def _at_most_one_line(path: str) -> bool:
+    """Whether a text file has at most one non-blank line (reads no further than the second)."""
+    with open(path, "rb") as f:
+        lines = (line for line in f if line.strip())
+        return next(lines, None) is None or next(lines, None) is None
 
 
 def load_local(cfg: FinetuneConfig) -> datasets.DatasetDict:

@@ -1,0 +1,342 @@
+"""Hostile usage through the real CLI (a fresh ``python -m bert_mp`` per case, as a user runs it).
+
+Each case asserts the exit code, that stderr is the one documented line (no traceback), and that
+nothing on disk changed where nothing should (paths, sizes and modification times). The cases share
+one small project, built once: a text corpus, a fixed tokenizer, its prepared data and a finished
+2-step run with its export (docs/usage.md, "What a mistake does", names each test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import make_tokenizer, run_cli
+
+from bert_mp.core.config import load_config
+from bert_mp.pretrain.trainer import train
+
+DATA = [
+    "data.source=text",
+    "data.paths=[corpus/a.txt]",
+    "data.tokenizer=tok",
+    "data.max_seq_length=32",
+    "data.validation_fraction=0.1",
+    "data.cache_dir=data",
+]
+MODEL = ["model.hidden_size=32", "model.num_attention_heads=2", "model.intermediate_size=64"]
+TRAIN = [
+    *DATA,
+    *MODEL,
+    "train.output_dir=run",
+    "train.max_steps=2",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=8",
+    "train.eval_max_batches=1",
+    "train.progress_bar=false",
+]
+QUIET = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+"""No progress bars on stderr, so the interruption line is all there is."""
+
+
+def write_corpus(path: Path, n_docs: int, seed: int = 0) -> Path:
+    """Documents (blank-line separated) of 2-8 sentences over the fixed tokenizer's words w0..w58."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences = [
+            " ".join(f"w{rng.randrange(59)}" for _ in range(rng.randint(4, 12))) + "."
+            for _ in range(rng.randint(2, 8))
+        ]
+        docs.append(" ".join(sentences))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """corpus/a.txt, tok/, data/<key>/ (prepared) and run/ (2 steps, checkpoint and final/)."""
+    root = tmp_path_factory.mktemp("project")
+    write_corpus(root / "corpus" / "a.txt", 120)
+    make_tokenizer().save_pretrained(str(root / "tok"))
+    cwd = os.getcwd()
+    os.chdir(root)  # the paths in TRAIN are relative (contextlib.chdir is Python 3.11+)
+    try:
+        summary = train(load_config(None, TRAIN))
+    finally:
+        os.chdir(cwd)
+    assert summary["status"] == "completed" and (root / "run" / "final" / "config.json").is_file()
+    return root
+
+
+@pytest.fixture
+def copy(project, tmp_path) -> Path:
+    """A private copy of the project, for the cases that change it."""
+    dst = tmp_path / "p"
+    shutil.copytree(project, dst)
+    return dst
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, int] | None]:
+    """Every path under ``roots`` with its size and mtime (None: the root does not exist)."""
+    out: dict[str, tuple[int, int] | None] = {}
+    for root in roots:
+        out[str(root)] = None
+        if root.exists():
+            for p in [root, *sorted(root.rglob("*"))]:
+                st = p.stat()
+                out[str(p)] = (st.st_size if p.is_file() else -1, st.st_mtime_ns)
+    return out
+
+
+def one_line(proc: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The single non-empty stderr line of a command that exited with ``code``."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == code and len(lines) == 1, (
+        proc.returncode,
+        proc.stdout[-2000:],
+        proc.stderr[-4000:],
+    )
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def start(args: list[str], cwd: Path, **env: str | None) -> subprocess.Popen:
+    """``python -m bert_mp ARGS`` in its own session (a terminal's process group), offline unless
+    ``env`` unsets it (a value None removes the variable)."""
+    full = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    for k, v in env.items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    return subprocess.Popen(
+        [sys.executable, "-m", "bert_mp", *args],
+        cwd=cwd,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def session_processes(sid: int) -> list[str]:
+    """``pid comm`` of the live processes in session ``sid`` (a command and everything it forked)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if int(rest[3]) == sid and rest[0] != "Z":  # fields after comm: state ppid pgrp session
+            found.append(f"{stat.parent.name} {comm}")
+    return found
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"exited {proc.returncode} before {what}: {out[-2000:]} {err[-3000:]}")
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ctrl-C / SIGTERM
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("sig", "kill"),
+    [(signal.SIGINT, os.killpg), (signal.SIGTERM, os.killpg), (signal.SIGTERM, os.kill)],
+    ids=["ctrl-c", "SIGTERM-to-the-group", "SIGTERM-to-the-command"],
+)
+def test_prepare_interrupted_in_the_pairing_map_is_one_line_and_leaves_nothing(tmp_path, sig, kill):
+    """Ctrl-C (or a SIGTERM) reaches every process of the group, or a SIGTERM only the command: the
+    pool workers of the pairing map (num_proc=2) print nothing, the command prints one line and
+    exits 128 + signal, no worker or manager process is left behind (before, a SIGTERM to the
+    command alone left its workers pairing on), and no prepared folder, complete-looking or
+    partial, remains."""
+    write_corpus(tmp_path / "corpus" / "a.txt", 30000, seed=1)  # ~5 MB: pairing takes seconds
+    make_tokenizer().save_pretrained(str(tmp_path / "tok"))
+    args = ["prepare", *DATA, "data.num_proc=2", "data.pairing_block_chars=20000"]
+    proc = start(args, tmp_path, **QUIET)
+    blocks = tmp_path / "data"
+    wait_for(lambda: any(blocks.glob(".tmp-*/work/blocks/*.json")), proc, 120, "a paired block")
+    kill(proc.pid, sig)  # killpg: what a terminal does on Ctrl-C (and `kill -TERM -PGID`)
+    out, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 128 + sig and "Traceback" not in err and len(lines) == 1, (out, err)
+    key = load_config(None, args[1:]).data.cache_key()
+    assert lines[0] == f"bert-mp prepare: interrupted ({sig.name}); nothing written to data/{key}"
+    deadline = time.monotonic() + 10
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert session_processes(proc.pid) == []  # no orphaned pool worker or manager
+    assert [p.name for p in blocks.iterdir()] == []  # neither the folder nor its temporary build
+
+
+def test_ctrl_c_during_training_saves_a_checkpoint_and_exits_130(copy):
+    """Ctrl-C (SIGINT to the whole group) through the CLI; SIGTERM: test_checkpoint.py."""
+    proc = start(["train", *TRAIN, "train.output_dir=long", "train.max_steps=100000"], copy)
+    metrics = copy / "long" / "metrics.jsonl"
+    wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 2, proc, 120, "2 steps")
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip() == "", (out, err)
+    summary = json.loads((copy / "long" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["stop_reason"] == "signal SIGINT"
+    saved = sorted(p.name for p in (copy / "long" / "checkpoints").iterdir())
+    assert saved == [f"step_{summary['steps']:08d}"]
+    assert f"bert-mp train: stopped after {summary['steps']} steps (signal SIGINT; checkpoint saved)" in out
+
+
+# --------------------------------------------------------------------------------------------------
+# runs and data that must not be silently reused or changed
+# --------------------------------------------------------------------------------------------------
+def test_prepare_force_with_other_bytes_warns_and_the_resume_names_both_fingerprints(copy):
+    key = load_config(None, DATA).data.cache_key()
+    old = json.loads((copy / "data" / key / "stats.json").read_text())["fingerprint"]
+    write_corpus(copy / "corpus" / "a.txt", 120, seed=7)  # the same config, other text
+    proc = run_cli("prepare", *DATA, "--force", cwd=copy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    new = json.loads((copy / "data" / key / "stats.json").read_text())["fingerprint"]
+    assert new != old
+    assert f"warning: rebuilt data/{key} with other bytes (fingerprint {old} -> {new})" in proc.stdout
+    assert "train.allow_data_change=true" in proc.stdout
+    before = snapshot(copy / "run", copy / "data")
+    line = one_line(run_cli("train", *TRAIN, "train.resume=latest", "train.max_steps=3", cwd=copy))
+    assert f"fingerprint {old}, but data/{key} now holds {new}" in line
+    assert "train.allow_data_change=true" in line
+    assert snapshot(copy / "run", copy / "data") == before
+
+
+def test_resume_with_another_model_shape_is_refused_untouched(project):
+    before = snapshot(project / "run", project / "data")
+    line = one_line(run_cli("train", *TRAIN, "train.resume=latest", "model.preset=mini", cwd=project))
+    assert "train.resume: the run in run was trained with other weights or data (" in line
+    assert "model.preset: 'tiny' -> 'mini'" in line
+    assert snapshot(project / "run", project / "data") == before
+
+
+# --------------------------------------------------------------------------------------------------
+# config mistakes: one line naming the key, nothing created
+# --------------------------------------------------------------------------------------------------
+def _absent_tracker() -> str | None:
+    for name in ("wandb", "comet_ml", "aim", "mlflow", "clearml", "dvclive"):
+        if importlib.util.find_spec(name) is None:
+            return name
+    return None
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.log_with=[tensorbord]", "train.log_with[0]: unknown tracker; choose from "),
+        ("train.log_with=[ABSENT]", "train.log_with[0]: tracker 'ABSENT' is not installed; pip install "),
+        ("data.paths=corpus/a.txt", "data.paths: expects a list, e.g. data.paths=[corpus/a.txt]"),
+    ],
+    ids=["misspelt-tracker", "tracker-not-installed", "paths-without-brackets"],
+)
+def test_config_mistakes_are_one_line_naming_the_key(tmp_path, override, expected):
+    if "ABSENT" in override:
+        absent = _absent_tracker()
+        if absent is None:
+            pytest.skip("every tracker accelerate knows is installed")
+        override, expected = override.replace("ABSENT", absent), expected.replace("ABSENT", absent)
+    line = one_line(run_cli("train", override, "train.output_dir=run", "data.cache_dir=data", cwd=tmp_path))
+    assert line.startswith(f"bert-mp train: error: {expected}"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_section_given_a_value_in_yaml_is_one_line(tmp_path):
+    (tmp_path / "recipe.yaml").write_text("model: tiny\n")
+    line = one_line(
+        run_cli("train", "recipe.yaml", "train.output_dir=run", "data.cache_dir=data", cwd=tmp_path)
+    )
+    assert line.startswith("bert-mp train: error: model: is a section, not a value"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
+
+
+# --------------------------------------------------------------------------------------------------
+# fine-tuning input and mistyped local paths
+# --------------------------------------------------------------------------------------------------
+def finetune(project: Path, tmp_path: Path, csv: str, *extra: str) -> subprocess.CompletedProcess:
+    """``bert-mp finetune`` of the project's export on a CSV with ``csv`` as its content; what it
+    writes goes to ``tmp_path``."""
+    (tmp_path / "train.csv").write_text(csv)
+    args = [
+        "finetune.checkpoint=run/final",
+        "finetune.task=local",
+        f"finetune.train_file={tmp_path / 'train.csv'}",
+        f"finetune.output_dir={tmp_path / 'ft'}",
+        "finetune.max_seq_length=32",
+    ]
+    return run_cli("finetune", *args, *extra, cwd=project)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [("", "is empty (0 bytes)"), ("text,label\n", "has no data rows (a header at most)")],
+    ids=["zero-byte", "header-only"],
+)
+def test_finetune_on_an_empty_csv_is_one_line(project, tmp_path, content, expected):
+    line = one_line(finetune(project, tmp_path, content))
+    assert line == f"bert-mp finetune: error: finetune.train_file: {tmp_path / 'train.csv'} {expected}"
+    assert not (tmp_path / "ft").exists()
+
+
+def test_finetune_precision_the_cpu_lacks_names_the_finetune_key(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("BERT_MP_CPU_MASK", "all")  # as on an AVX2-only CPU
+    line = one_line(
+        finetune(project, tmp_path, "text,label\nw1 w2 w3,a\nw4 w5,b\n", "finetune.precision=fp16")
+    )
+    assert line.startswith("bert-mp finetune: error: finetune.precision=fp16 on CPU"), line
+    assert "train.precision" not in line and "hardware.allow_emulated=true" in line
+    assert not (tmp_path / "ft").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["finetune", "finetune.checkpoint=runs/trian", "finetune.train_file=x.csv"],
+            "finetune.checkpoint: no such folder: runs/trian",
+        ),
+        (["train", "model.init_from=runs/trian"], "model.init_from=runs/trian: no such folder"),
+    ],
+    ids=["finetune.checkpoint", "model.init_from"],
+)
+def test_a_mistyped_local_path_fails_at_once_without_the_hub(tmp_path, args, expected):
+    """Online (HF_HUB_OFFLINE unset): the path is refused before anything could ask the Hub."""
+    (tmp_path / "runs").mkdir()
+    t0 = time.monotonic()
+    proc = start(
+        [*args, "data.cache_dir=data"],
+        tmp_path,
+        HF_HUB_OFFLINE=None,
+        HF_DATASETS_OFFLINE=None,
+        TRANSFORMERS_OFFLINE=None,
+    )
+    out, err = proc.communicate(timeout=120)
+    line = one_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert line.endswith(expected), line
+    assert time.monotonic() - t0 < 60  # Hub retries would take minutes
+    assert [p.name for p in tmp_path.rglob("*")] == ["runs"]
