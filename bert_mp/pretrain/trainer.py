@@ -40,7 +40,7 @@ from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
 from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
-from bert_mp.core.run_guard import announce_resume, check_output_dir
+from bert_mp.core.run_guard import announce_resume, check_output_dir, data_change_error
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.core.step_metrics import DeviceStepMetrics
 from bert_mp.errors import DataError, TrainingError
@@ -177,11 +177,7 @@ class Trainer:
         trained_on = self.checkpointer.restored_meta.get("data_fingerprint")
         now = self.checkpointer.meta["data_fingerprint"]
         if trained_on and now and trained_on != now and not self.tc.allow_data_change:
-            raise TrainingError(
-                f"train.resume: {self.resumed_from} was trained on data with fingerprint {trained_on}, but "
-                f"{self.data.path} now holds {now} (rebuilt, e.g. by prepare --force); prepare the original "
-                "data again, or set train.allow_data_change=true to continue on the new data"
-            )
+            raise data_change_error(self.resumed_from, trained_on, self.data.path, now)
 
     def build_loader(self) -> None:
         """Micro-batches from the checkpointed data position on, collated (and masked) by key."""
