@@ -122,14 +122,9 @@ def block_pairs(
     balance: NspBalance,
     stats: PairStats,
 ) -> list[tuple[int, int, int, int, int]]:
-    """Pairs of documents ``docs`` of a block, in order, as ``(a_start, a_end, b_start, b_end, label)``.
-
-    ``sent_bounds[s]:sent_bounds[s + 1]`` is sentence ``s`` in the block's flat token array and
-    ``doc_sents[d]:doc_sents[d + 1]`` are the sentences of document ``d``; every sentence has at
-    least one token. Random B documents are drawn from the other documents of the block. One loop
-    for all documents (per-document call overhead is a large share of pairing on short documents);
-    ``rng`` is reseeded with ``rng_keys[k]`` before ``docs[k]`` (the state of ``random.Random(key)``),
-    or runs on with ``None``. Counts live in locals and are written back at the end."""
+    """Pairs ``(a0, a1, b0, b1, label)`` of ``docs`` (token spans of the block: sentence ``s`` is
+    ``sent_bounds[s:s+2]``, document ``d`` sentences ``doc_sents[d:d+2]``); ``rng`` is reseeded with
+    ``rng_keys[k]`` before ``docs[k]`` (as ``random.Random(key)``), or runs on with ``None``."""
     reseed = _random.Random.seed  # what random.Random(int) runs, without building a new object
     uniform, getrandbits = rng.random, rng.getrandbits
     n_docs, max_tokens, short_prob = len(doc_sents) - 1, params.max_num_tokens, params.short_seq_prob

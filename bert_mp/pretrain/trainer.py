@@ -88,6 +88,7 @@ class Trainer:
         """Set up, restore, load, then step until done; evaluate, save and finish."""
         self.set_up()
         self.restore()
+        self.log.write_config()  # after the restore: a refused resume leaves config.yaml as it was
         self.build_loader()
         self.start()
         try:
@@ -101,7 +102,7 @@ class Trainer:
 
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
-        """Accelerator, batch geometry, data, config.yaml, then model, optimizer and scheduler."""
+        """Accelerator, batch geometry and data, then model, optimizer and scheduler."""
         tc = self.tc
         self.config_changes = check_output_dir(self.cfg, tc)  # before any work
         self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
@@ -116,7 +117,6 @@ class Trainer:
         )
         self.load_data()
         self.log = RunLog(self.accelerator, self.cfg, tc, tc.log_with)
-        self.log.write_config()
         self.build_parts()
 
     def load_data(self) -> None:
