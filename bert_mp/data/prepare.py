@@ -49,7 +49,7 @@ from bert_mp.data.pairs import NspBalance, PairParams, PairStats, block_pairs, b
 from bert_mp.data.segment import build_marker, mark_documents, mark_lines, split_marked_tokens
 from bert_mp.data.tokenizer import (
     encoder,
-    inline_marker,
+    inline_markers,
     load_tokenizer,
     round_vocab_size,
     save_tokenizer,
@@ -204,7 +204,7 @@ class _BlockPairer:
         self.lines = data.documents == "line"
         self.mark = mark_lines if self.lines else build_marker(data.sentence_splitter)
         self.sep_token = tokenizer.sep_token
-        self.inline = inline_marker(tokenizer)
+        self.inline = inline_markers(tokenizer)
         self.nsp = data.objective == "nsp"
         self.max_seq_length = data.max_seq_length
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
@@ -234,33 +234,31 @@ class _BlockPairer:
     def _sentence_tokens(self, texts: list[str], st: dict) -> tuple[list[list[int]], np.ndarray]:
         """Token ids of every document with a marker id after each sentence, and the marker ids.
 
-        Sentence boundaries become marker tokens: the inline punctuation marker where the
-        tokenizer allows it and the document does not contain it, [SEP] otherwise.
+        Sentence boundaries become marker tokens: the first inline punctuation marker that the
+        document does not contain, where the tokenizer allows one, and [SEP] otherwise.
         """
         n = len(texts)
-        char, mid = self.inline or (self.sep_token, self.sep_id)
-        with_sep = np.zeros(n, dtype=bool)
-        if self.inline is not None:
-            with_sep[[i for i, t in enumerate(texts) if char in t]] = True
-        else:
-            with_sep[:] = True
-        if not with_sep.any() or with_sep.all():
-            marked, counts = self._mark(texts, self.sep_token if with_sep.all() else char)
+        choice = self._choose_markers(texts)
+        kinds = np.unique(choice)
+        if kinds.size == 1:
+            marked, counts = self._mark(texts, self._marker_text(int(kinds[0])))
         else:
             marked, counts = [""] * n, [0] * n
-            for flag, m in ((False, char), (True, self.sep_token)):
-                idx = np.flatnonzero(with_sep == flag).tolist()
-                mk, ct = self._mark([texts[i] for i in idx], m)
+            for k in kinds.tolist():
+                idx = np.flatnonzero(choice == k).tolist()
+                mk, ct = self._mark([texts[i] for i in idx], self._marker_text(k))
                 for i, a, b in zip(idx, mk, ct, strict=True):
                     marked[i], counts[i] = a, b
         ids = self._encode(marked)
         del marked
-        marker_ids = np.where(with_sep, self.sep_id, mid).astype(np.int32)
-        if self.inline is not None:
+        marker_ids = np.array([m for _, m in self.inline] + [self.sep_id], dtype=np.int32)[choice]
+        inline = choice < len(self.inline)
+        if inline.any():
             # Every inline marker must come back as exactly one marker id; a document where the
             # count differs (a normalizer that makes or eats the character) is redone with [SEP].
-            got = np.array([x.count(mid) for x in ids], dtype=np.int64)
-            redo = np.flatnonzero(~with_sep & (got != np.asarray(counts, dtype=np.int64))).tolist()
+            redo = [
+                i for i in np.flatnonzero(inline).tolist() if ids[i].count(int(marker_ids[i])) != counts[i]
+            ]
             if redo:
                 again = [self.mark(texts[i], self.sep_token)[0] for i in redo]
                 for i, x in zip(redo, self._encode(again), strict=True):
@@ -268,6 +266,20 @@ class _BlockPairer:
                     marker_ids[i] = self.sep_id
         st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
         return ids, marker_ids
+
+    def _choose_markers(self, texts: list[str]) -> np.ndarray:
+        """Each document's marker: an index into ``self.inline``, ``len(self.inline)`` for [SEP]."""
+        choice = np.zeros(len(texts), dtype=np.int64)
+        if not self.inline:
+            return choice
+        first = self.inline[0][0]
+        for i in [i for i, t in enumerate(texts) if first in t]:  # few: most take the first
+            t = texts[i]
+            choice[i] = next((k for k, (c, _) in enumerate(self.inline) if c not in t), len(self.inline))
+        return choice
+
+    def _marker_text(self, kind: int) -> str:
+        return self.inline[kind][0] if kind < len(self.inline) else self.sep_token
 
     def _pairs(self, texts: list[str], split: int, doc_ids: list[int], st: dict, times: list[float]):
         """NSP examples of the block: ``(input_ids, token_type_ids, offsets, labels)`` or None."""
@@ -829,7 +841,7 @@ def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed)
             random_next = int(blk.get("random_next", 0))
             entry.update(
                 {
-                    # documents marked with [SEP] rather than the faster inline marker (tokenizer.inline_marker)
+                    # documents marked with [SEP] rather than a faster inline marker (tokenizer.inline_markers)
                     "sep_marked_documents": int(blk.get("sep_marked_documents", 0)),
                     "single_sentence_documents": int(blk.get("single_sentence_documents", 0)),
                     "sentences": int(blk.get("sentences", 0)),

@@ -10,7 +10,7 @@ inputs); :func:`build_marker` rewrites a document so that a marker stands at eve
 ``prepare`` uses the marked form: one ``encode_batch_fast`` input per document instead of one per
 sentence, and sentence boundaries come back as marker ids in the token stream, with no Python list
 of sentences in between. The marker is the tokenizer's ``[SEP]`` or, where it is proven
-equivalent, a punctuation character (see ``bert_mp.data.tokenizer.inline_marker``), which the Rust
+equivalent, a punctuation character (see ``bert_mp.data.tokenizer.inline_markers``), which the Rust
 tokenizer handles without its slower special-token pass.
 """
 

@@ -91,14 +91,15 @@ def encoder(tokenizer: Any) -> Any:
     return backend
 
 
-# Punctuation characters tried, in order, as an inline sentence marker.
-_INLINE_MARKER_CANDIDATES = "|\u00b6\u00a7~^"
-# Sentences the candidate must handle exactly as [SEP] does (none contains a candidate).
+# Punctuation characters tried as inline sentence markers, rarest in prose first; a document takes
+# the first that it does not contain.
+_INLINE_MARKER_CANDIDATES = "|\u00b6\u00a7~^`@#$%&*+<=>\\{}_"
+# Sentences a candidate must handle exactly as [SEP] does (none contains a candidate).
 _MARKER_PROBES = (
     "One sentence.",
     "Two words!",
     '"Quoted," she said.',
-    "(Bracketed) e.g. this: 3.5% of [things], 1,000 items",
+    "(Bracketed) e.g. this: 3.5 of [things], 1,000 items",
     "\u00c7a va tr\u00e8s bien. Na\u00efve caf\u00e9 \u00fcber STRASSE",
     "\u65e5\u672c\u8a9e\u306e\u6587\u3002\u6b21",
     "tab\there\nnew line   spaces",
@@ -108,40 +109,39 @@ _MARKER_PROBES = (
 )
 
 
-def inline_marker(tokenizer: Any) -> tuple[str, int] | None:
-    """A punctuation character that can stand in for ``[SEP]`` as prepare's sentence marker, and its
-    id; ``None`` where none is proven equivalent.
+def inline_markers(tokenizer: Any) -> list[tuple[str, int]]:
+    """Punctuation characters that can stand in for ``[SEP]`` as prepare's sentence marker, with
+    their ids, in the order prepare tries them; empty where none is proven equivalent.
 
     The Rust tokenizer finds special tokens such as ``[SEP]`` in a pass of its own that cuts the
-    text and normalizes every piece separately (about 10% of prepare's encoding time). BERT's
+    text and normalizes every piece separately (20-30% more encoding time on long documents). BERT's
     pre-tokenizer isolates every punctuation character, so such a character does the same job
-    inline. It is used only where (1) the pre-tokenizer is ``BertPreTokenizer``, so the words on
-    either side are those of separately tokenized sentences; (2) the character alone encodes to
-    one known, non-special token; (3) on probe sentences the ids equal those of the ``[SEP]`` form
-    with that one id swapped. prepare also keeps ``[SEP]`` for any document containing the
-    character and checks the marker count of every document (see ``prepare._BlockPairer``).
+    inline. A candidate is kept only where (1) the pre-tokenizer is ``BertPreTokenizer``, so the
+    words on either side are those of separately tokenized sentences; (2) the character alone
+    encodes to one known, non-special token; (3) on probe sentences the ids equal those of the
+    ``[SEP]`` form with that one id swapped. A document takes the first candidate it does not
+    contain (``[SEP]`` if it contains them all), and prepare checks the marker count of every
+    document (see ``prepare._BlockPairer``).
     """
     enc = encoder(tokenizer)
     if (json.loads(enc.to_str()).get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
-        return None
+        return []
     sep, sep_id, unk_id = tokenizer.sep_token, tokenizer.sep_token_id, tokenizer.unk_token_id
     added = set(tokenizer.get_added_vocab())
+    probes = list(zip(_MARKER_PROBES, _MARKER_PROBES[1:] + _MARKER_PROBES[:1], strict=True))
+    with_sep = enc.encode_batch([sep.join(s) + sep for s in probes], add_special_tokens=False)
+    found = []
     for char in _INLINE_MARKER_CANDIDATES:
         ids = enc.encode(char, add_special_tokens=False).ids
         if len(ids) != 1 or ids[0] in (unk_id, sep_id) or char in added:
             continue
         mid = ids[0]
-        texts = [
-            (sep.join(s) + sep, char.join(s) + char)
-            for s in zip(_MARKER_PROBES, _MARKER_PROBES[1:] + _MARKER_PROBES[:1], strict=True)
-        ]
-        with_sep = enc.encode_batch([a for a, _ in texts], add_special_tokens=False)
-        inline = enc.encode_batch([b for _, b in texts], add_special_tokens=False)
+        inline = enc.encode_batch([char.join(s) + char for s in probes], add_special_tokens=False)
         if all(
             [mid if i == sep_id else i for i in a.ids] == b.ids for a, b in zip(with_sep, inline, strict=True)
         ):
-            return char, mid
-    return None
+            found.append((char, mid))
+    return found
 
 
 def save_tokenizer(tokenizer: Any, path: Path) -> None:

@@ -281,9 +281,19 @@ def test_hub_path_gives_the_same_rows_as_the_local_path(tmp_path, corpus, prepar
 
 
 def _marker_corpus(path: Path) -> Path:
-    """Documents with varied text; some contain the inline marker character itself."""
+    """Documents with varied text; some contain inline marker characters, a few all of them."""
     rng = random.Random(3)
-    extra = ["caf\u00e9", "\u00fcber", "\u65e5\u672c", "x|y", "a \u00b6 b", "(3.5%)", '"quoted"', "e.g."]
+    extra = [
+        "caf\u00e9",
+        "\u00fcber",
+        "\u65e5\u672c",
+        "x|y",
+        "a \u00b6 b",
+        "(3.5%)",
+        '"quoted"',
+        "e.g.",
+        "|\u00b6%",
+    ]
     docs = []
     for d in range(120):
         sents = []
@@ -295,19 +305,27 @@ def _marker_corpus(path: Path) -> Path:
     return path
 
 
-def test_inline_marker_gives_the_same_rows_as_sep(tmp_path, monkeypatch):
+def test_inline_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
+    """Each document takes the first candidate marker it does not contain, [SEP] if it contains
+    them all; the rows are those of marking every document with [SEP]."""
     corpus = _marker_corpus(tmp_path / "corpus.txt")
     base = prep.prepare(_cfg(tmp_path / "tok", corpus))
     tok = f"data.tokenizer={base / 'tokenizer'}"
-    assert prep.inline_marker(AutoTokenizer.from_pretrained(base / "tokenizer"))[0] == "|"
-    extra = (tok, "data.masking=static", "data.pairing_block_chars=2000")
+    markers = [c for c, _ in prep.inline_markers(AutoTokenizer.from_pretrained(base / "tokenizer"))]
+    assert markers == ["|", "\u00b6", "%"]  # the candidates in this corpus's vocabulary, in order
+    extra = (tok, "data.masking=static", "data.pairing_block_chars=2000", "data.validation_fraction=0")
     inline = prep.prepare(_cfg(tmp_path / "inline", corpus, *extra))
-    stats = json.loads((inline / "stats.json").read_text())
-    train = stats["per_split"]["train"]
-    # Documents holding "|" (about a tenth) keep [SEP]; the rest use the inline marker.
-    assert 0 < train["sep_marked_documents"] < train["documents"] // 2
-    monkeypatch.setattr(prep, "inline_marker", lambda tokenizer: None)
+    train = json.loads((inline / "stats.json").read_text())["per_split"]["train"]
+    docs = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    with_all = sum(all(c in d for c in markers) for d in docs)
+    assert 0 < with_all < sum("|" in d for d in docs)  # some take a later candidate, some [SEP]
+    assert train["documents"] == len(docs)
+    assert train["sep_marked_documents"] == with_all
+    monkeypatch.setattr(prep, "inline_markers", lambda tokenizer: [])
     sep = prep.prepare(_cfg(tmp_path / "sep", corpus, *extra))
+    assert json.loads((sep / "stats.json").read_text())["per_split"]["train"]["sep_marked_documents"] == len(
+        docs
+    )
     a, b = _rows(inline), _rows(sep)
     assert a["train"].num_rows > 50
     for split in a:
@@ -321,11 +339,17 @@ def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
     base = prep.prepare(_cfg(tmp_path / "tok", corpus))
     extra = (f"data.tokenizer={base / 'tokenizer'}", "data.pairing_block_chars=2000")
     good = prep.prepare(_cfg(tmp_path / "good", corpus, *extra))
-    wrong_id = AutoTokenizer.from_pretrained(base / "tokenizer").mask_token_id  # never in the output
-    monkeypatch.setattr(prep, "inline_marker", lambda tokenizer: ("|", wrong_id))
+    tokenizer = AutoTokenizer.from_pretrained(base / "tokenizer")
+    wrong_id = tokenizer.mask_token_id  # never in the output
+    right = prep.inline_markers(tokenizer)
+    # the first candidate's id is wrong, the others right: only documents holding "|" keep an inline marker
+    monkeypatch.setattr(prep, "inline_markers", lambda tokenizer: [("|", wrong_id), *right[1:]])
     redone = prep.prepare(_cfg(tmp_path / "redone", corpus, *extra))
-    train = json.loads((redone / "stats.json").read_text())["per_split"]["train"]
-    assert train["sep_marked_documents"] == train["documents"]
+    stats = json.loads((redone / "stats.json").read_text())["per_split"]
+    docs = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    assert sum(s["sep_marked_documents"] for s in stats.values()) == sum(
+        "|" not in d or all(c in d for c, _ in right) for d in docs
+    )
     a, b = _rows(good), _rows(redone)
     for split in a:
         assert a[split].equals(b[split]), split

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 from bert_mp.data.tokenizer import (
     SPECIAL_TOKENS,
     encoder,
-    inline_marker,
+    inline_markers,
     load_tokenizer,
     round_vocab_size,
     save_tokenizer,
@@ -79,15 +79,17 @@ def test_load_tokenizer_checks(trained, tmp_path):
         load_tokenizer(str(tmp_path / "short"), max_seq_length=128)
 
 
-def test_inline_marker_only_where_proven():
-    """The fast sentence marker: a punctuation token of a BERT pre-tokenizer, else None ([SEP])."""
+def test_inline_markers_only_where_proven():
+    """The fast sentence markers: punctuation tokens of a BERT pre-tokenizer, in candidate order;
+    none ([SEP] only) where no candidate is in the vocabulary or the pre-tokenizer differs."""
     from tokenizers import pre_tokenizers
 
-    with_pipe = train_wordpiece(iter([t + " a|b ~" for t in TEXTS]), vocab_size=300)
-    char, mid = inline_marker(with_pipe)
-    assert char == "|" and with_pipe.convert_ids_to_tokens(mid) == "|"
+    with_pipe = train_wordpiece(iter([t + " a|b ~ #1" for t in TEXTS]), vocab_size=300)
+    found = inline_markers(with_pipe)
+    assert [c for c, _ in found] == ["|", "~", "#"]
+    assert [with_pipe.convert_ids_to_tokens(m) for _, m in found] == ["|", "~", "#"]
     # No candidate character in the vocabulary: they would all encode to [UNK].
-    assert inline_marker(train_wordpiece(iter(TEXTS), vocab_size=300)) is None
+    assert inline_markers(train_wordpiece(iter(TEXTS), vocab_size=300)) == []
     # A pre-tokenizer that does not isolate punctuation: never.
     with_pipe.backend_tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    assert inline_marker(with_pipe) is None
+    assert inline_markers(with_pipe) == []
