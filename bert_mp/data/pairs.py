@@ -17,7 +17,6 @@ randoms seen so far in the block, so the expected share of random pairs stays ``
 
 from __future__ import annotations
 
-import _random
 import random
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -114,7 +113,6 @@ def _truncate(len_a: int, len_b: int, max_num_tokens: int, getrandbits: Any) -> 
 
 def block_pairs(
     docs: Sequence[int],
-    rng_keys: Sequence[int] | None,
     sent_bounds: Sequence[int],
     doc_sents: Sequence[int],
     params: PairParams,
@@ -123,9 +121,8 @@ def block_pairs(
     stats: PairStats,
 ) -> list[tuple[int, int, int, int, int]]:
     """Pairs ``(a0, a1, b0, b1, label)`` of ``docs`` (token spans of the block: sentence ``s`` is
-    ``sent_bounds[s:s+2]``, document ``d`` sentences ``doc_sents[d:d+2]``); ``rng`` is reseeded with
-    ``rng_keys[k]`` before ``docs[k]`` (as ``random.Random(key)``), or runs on with ``None``."""
-    reseed = _random.Random.seed  # what random.Random(int) runs, without building a new object
+    ``sent_bounds[s:s+2]``, document ``d`` sentences ``doc_sents[d:d+2]``), drawing from ``rng`` in
+    document order (prepare seeds one generator per block)."""
     uniform, getrandbits = rng.random, rng.getrandbits
     n_docs, max_tokens, short_prob = len(doc_sents) - 1, params.max_num_tokens, params.short_seq_prob
     b_target, b_prior, b_gain = balance.target, balance.prior, balance.gain
@@ -133,9 +130,7 @@ def block_pairs(
     n_skipped = n_no_other = n_truncated = 0
     out: list[tuple[int, int, int, int, int]] = []
     append = out.append
-    for k, doc in enumerate(docs):
-        if rng_keys is not None:
-            reseed(rng, rng_keys[k])
+    for doc in docs:
         first, last = doc_sents[doc], doc_sents[doc + 1]
         target = max_tokens
         if uniform() < short_prob:
@@ -259,7 +254,7 @@ def pairs_from_token_lists(
     flat = np.array([t for d in kept for s in d for t in s], dtype=np.int32)
     params = PairParams(max_seq_length - 3, short_seq_prob, nsp_random_prob)
     balance, stats = NspBalance(nsp_random_prob), PairStats()
-    pairs = block_pairs(range(len(kept)), None, sent_bounds, doc_sents, params, rng, balance, stats)
+    pairs = block_pairs(range(len(kept)), sent_bounds, doc_sents, params, rng, balance, stats)
     if not pairs:
         return [], stats
     ids, types, offsets, labels = build_examples(flat, pairs, cls_id, sep_id)

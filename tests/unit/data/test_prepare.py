@@ -388,6 +388,7 @@ def test_parallel_read_gives_the_same_documents_rows_and_counts(tmp_path, prepar
         return groups[-1]
 
     monkeypatch.setattr(prep, "_file_groups", spy)
+    monkeypatch.setattr(prep, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
     folder = _multi_file_corpus(tmp_path / "many")
     extra = (f"data.tokenizer={prepared.path / 'tokenizer'}", "data.pairing_block_chars=3000")
     one = prep.prepare(_cfg(tmp_path / "one", folder, *extra, "data.num_proc=1"))

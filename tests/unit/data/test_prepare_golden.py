@@ -47,10 +47,10 @@ CASES = {
 }
 
 GOLDEN = {
-    "mixed": "39ec998c5c3549164b2dc52b6ff1a290d3b59fa67e066bedebc8bd0d7a03c502",
-    "mixed-static-dupe": "504a3a40d01950145c78e4b8824e88cfb4309ec5326120983708f5d97addbdfb",
-    "short": "9d1c6f67ed53c3bc4b8d5642f802ce62fc147a9190dc192567b903cb41ddef0f",
-    "long-wwm-static": "544f0db9bea2b56ecb2fdb19241ba01fe1b75d4cc64a03f61d23b1c57bdbe8d9",
+    "mixed": "66e1173bf729cfe4ac616b7510151d44417d92aae4a40cd251a414fb31a94385",
+    "mixed-static-dupe": "56a1949b60a98beba9e139a8aa5848d72e82b305a4417a1e58784cdfa12fef6d",
+    "short": "8260252cf6ddd20683f5d9c5242e29c1e4a52cd97c26d60e6a785bb2bb77f1bf",
+    "long-wwm-static": "f30f82c56e9a1e9d9700edf0d2f3a167ffc30ac08475d5bfe3edaa5fa4722cda",
 }
 
 
