@@ -25,7 +25,7 @@ def test_bench_prepare_runs(tmp_path):
             "--size",
             "300KB",
             "--num-proc",
-            "1",
+            "2",  # the forked tokenize-only pool and prepare's parallel path
             "--repeat",
             "2",
             "--shapes",
@@ -50,6 +50,9 @@ def test_bench_prepare_runs(tmp_path):
     for t in row["trials"]:
         assert t["prepare"]["tokens"] > 0 and t["tokenize_only"]["tokens"] > 0
         assert math.isfinite(t["ratio"]) and t["ratio"] > 0
+        tok = t["tokenize_only"]
+        assert 0 < tok["seconds_pool_untimed"] <= tok["seconds"]  # the pool's start is on the clock
+        assert t["ratio_pool_untimed"] <= t["ratio"]  # a faster baseline without it
         mem = t["prepare"]["memory_peaks_bytes"]
         assert mem["anon_largest_process"] > 0 and mem["anon_total"] >= mem["anon_largest_process"]
     lo, hi = row["ratio_min_max"]
