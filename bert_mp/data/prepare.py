@@ -5,7 +5,7 @@ assign documents to train/validation by a hash of (seed, document index); train 
 tokenizer; then one ``datasets.map`` over *blocks* of documents splits sentences, tokenizes every
 sentence of the block in one ``encode_batch_fast`` call, pairs documents (random B from another
 document of the block) and, in static mode, masks. A block is a fixed set of documents keyed by
-global index and all randomness derives from (seed, split, dupe, document index), so the rows are
+global index and all randomness derives from (seed, split, dupe, block index), so the rows are
 byte-identical for any ``num_proc``. The result is built in a temporary folder and renamed into
 ``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last; a crash never leaves a cache
 that would be reused.
