@@ -207,6 +207,8 @@ class _BlockPairer:
         self.mark = mark_lines if self.lines else build_marker(data.sentence_splitter)
         self.sep_token = tokenizer.sep_token
         self.inline = inline_markers(tokenizer)
+        # the marker id of each choice (_choose_markers): the inline markers', then [SEP]'s
+        self.marker_id_of = np.array([m for _, m in self.inline] + [self.sep_id], dtype=np.int32)
         self.nsp = data.objective == "nsp"
         self.max_seq_length = data.max_seq_length
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
@@ -253,7 +255,7 @@ class _BlockPairer:
                     marked[i], counts[i] = a, b
         ids = self._encode(marked)
         del marked
-        marker_ids = np.array([m for _, m in self.inline] + [self.sep_id], dtype=np.int32)[choice]
+        marker_ids = self.marker_id_of[choice]
         inline = choice < len(self.inline)
         if inline.any():
             # Every inline marker must come back as exactly one marker id; a document where the
@@ -500,11 +502,12 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     resolved = ReadStats()  # files reached twice, counted while resolving the paths
     if is_file_source(data):
         paths = resolve_paths(data.paths, resolved)
+        jobs = 1
         # max_documents counts across all files: one reader then; a reader process pays for itself
         # only on tens of megabytes (one reads ~200 MB/s; starting one takes ~0.1 s)
-        size = sum(p.stat().st_size for p in paths)
-        jobs = min(data.num_proc, len(paths), max(1, size // _READER_BYTES))
-        jobs = jobs if data.max_documents is None else 1
+        if data.num_proc > 1 and data.max_documents is None:
+            size = sum(p.stat().st_size for p in paths)
+            jobs = min(data.num_proc, len(paths), max(1, size // _READER_BYTES))
         groups = _file_groups(paths, jobs) if jobs > 1 else [[str(p) for p in paths]]
     outs = [str(out_dir / f"part-{i:05d}.arrow") for i in range(len(groups))]
     # a shared counter only where other processes read (a lock-free one otherwise: no import of
