@@ -139,7 +139,7 @@ class DataConfig:
     seed: int = 12345
     """Seed for every random choice in data preparation and masking."""
     num_proc: int = 1
-    """Worker processes for ``datasets.map``; the output is identical for any value."""
+    """Processes that read and pair the corpus in ``prepare``; the output is identical for any value."""
     num_shards: int = 1
     """Shards per split written by ``save_to_disk``."""
     cache_dir: str = "runs/data"

@@ -2,9 +2,10 @@
 
 Stages: read the corpus into an Arrow-backed ``Dataset`` (a generator, so memory stays bounded);
 assign documents to train/validation by a hash of (seed, document index); train or load the
-tokenizer; then one ``datasets.map`` over *blocks* of documents splits sentences, tokenizes every
-sentence of the block in one ``encode_batch_fast`` call, pairs documents (random B from another
-document of the block) and, in static mode, masks. A block is a fixed set of documents keyed by
+tokenizer; then each *block* of documents, in this process or in a pool of ``num_proc`` workers,
+has its sentences split, every document of the block tokenized (256 per ``encode_batch_fast``
+call), its documents paired (random B from another document of the block) and, in static mode,
+its examples masked. A block is a fixed set of documents keyed by
 global index and all randomness derives from (seed, split, dupe, block index), so the rows are
 byte-identical for any ``num_proc``. The result is built in a temporary folder and renamed into
 ``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last; a crash never leaves a cache
@@ -196,9 +197,9 @@ Encoding of the block alive at once) than a few hundred at a time."""
 
 
 class _BlockPairer:
-    """The ``datasets.map`` function: one block of documents in, its examples out (Arrow)."""
+    """One block of documents in, its examples (an Arrow table) and its statistics out."""
 
-    def __init__(self, docs: Any, tokenizer: Any, data: DataConfig, stats_dir: Path):
+    def __init__(self, docs: Any, tokenizer: Any, data: DataConfig):
         self.docs = docs
         self.encoder = encoder(tokenizer)
         self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
@@ -214,11 +215,7 @@ class _BlockPairer:
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
         self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
         self.seed, self.dupe_factor = data.seed, data.dupe_factor
-        self.stats_dir = stats_dir
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        outs = [self._block(row) for row in batch.to_pylist()]
-        return pa.concat_tables(outs) if len(outs) > 1 else outs[0]
+        self.schema = _empty_table(self.spec is not None, self.nsp).schema
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         enc = self.encoder.encode_batch_fast
@@ -338,10 +335,7 @@ class _BlockPairer:
             return None
         return input_ids, np.zeros(len(input_ids), dtype=np.int8), offsets, None
 
-    def _block(self, row: dict) -> pa.Table:
-        split, block, doc_ids = row["split"], row["block"], row["doc_ids"]
-        if block == _PAD:  # a no-op row that evens out the workers' lanes (_pair_blocks)
-            return _empty_table(self.spec is not None, self.nsp)
+    def __call__(self, split: int, block: int, doc_ids: np.ndarray) -> tuple[pa.Table, dict]:
         st: dict[str, Any] = {"documents": len(doc_ids)}
         times = [time.process_time()]  # CPU time of this worker, per stage
         texts = take_texts(self.docs.data.table, doc_ids)
@@ -376,9 +370,7 @@ class _BlockPairer:
             "pair" if self.nsp else "pack": times[3] - times[2],
             "build_and_mask": times[4] - times[3],
         }
-        # a scratch file read once the map is done (a crash discards the whole work folder): no fsync
-        (self.stats_dir / f"{split}_{block:08d}.json").write_text(json.dumps(st), encoding="utf-8")
-        return table
+        return table, st
 
     def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):
         """Static masking, keyed by (seed, split, block, example within block)."""
@@ -572,7 +564,7 @@ def _length_summary(column: Any, max_len: int) -> tuple[int, int, dict[str, int]
     return n, total, hist
 
 
-def _sum_block_stats(files: list[Path]) -> dict:
+def _sum_block_stats(blocks: list[dict]) -> dict:
     total: dict[str, Any] = {}
 
     def add(dst: dict, src: dict) -> None:
@@ -582,8 +574,8 @@ def _sum_block_stats(files: list[Path]) -> dict:
             else:
                 dst[k] = dst.get(k, 0) + v
 
-    for f in files:
-        add(total, json.loads(f.read_text(encoding="utf-8")))
+    for st in blocks:
+        add(total, st)
     return total
 
 
@@ -612,113 +604,144 @@ def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
     tmp.rename(path)
 
 
-def balance_lanes(costs: list[int], lanes: int) -> list[list[int]]:
-    """Items (by index) spread over ``lanes`` so the largest lane total is small: longest first,
-    each to the lane with the least so far (LPT; within 4/3 of the best). Each lane lists its items
-    in ascending order."""
-    totals = [0] * lanes
-    out: list[list[int]] = [[] for _ in range(lanes)]
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        lane = min(range(lanes), key=lambda k: (totals[k], k))
-        totals[lane] += costs[i]
-        out[lane].append(i)
-    return [sorted(x) for x in out]
+_PAIR_WORKER: tuple | None = None
+"""``(pairer, blocks, out_dir)`` in a pairing worker process (:func:`_init_pair_worker`)."""
 
 
-_PAD = -1
+def _init_pair_worker(pairer: _BlockPairer, blocks: dict, out_dir: Path) -> None:
+    global _PAIR_WORKER
+    _PAIR_WORKER = (pairer, blocks, out_dir)
+
+
+def _block_file(out_dir: Path, split: int, block: int) -> Path:
+    return out_dir / f"{split}_{block:08d}.arrow"
+
+
+def _pair_job(split: int, block: int) -> dict:
+    """One block in a worker: its examples to ``<out_dir>/<split>_<block>.arrow``; its statistics back."""
+    assert _PAIR_WORKER is not None, "a pairing job outside a pairing worker"
+    pairer, blocks, out_dir = _PAIR_WORKER
+    table, st = pairer(split, block, blocks[split][block])
+    path = _block_file(out_dir, split, block)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, pairer.schema) as writer:
+        writer.write_table(table)
+    return st
+
+
+def _pool_context() -> Any:
+    """``fork`` where the platform has it (workers inherit the pairer and the memory-mapped
+    documents, nothing is pickled); the platform's default (spawn) elsewhere."""
+    import multiprocessing as mp
+
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
 
 
 def _pair_blocks(
     pairer: _BlockPairer, blocks: dict[int, list[np.ndarray]], chars: np.ndarray, data: DataConfig, work: Path
-) -> dict:
-    """Every block of both splits through one ``datasets.map``; returns the split datasets.
+) -> tuple[dict, dict[int, list[dict]]]:
+    """Every block of both splits paired; returns the split datasets and each split's block statistics.
 
-    ``map(num_proc=N)`` gives worker k the k-th contiguous 1/N of the rows. With a few dozen
-    blocks of ~equal size that split can leave one worker a whole block behind (13 against 12
-    blocks: 8% of the wall time), so the rows are laid out as N equal-length lanes, each a
-    cost-balanced set of blocks (:func:`balance_lanes`, cost = characters) padded with no-op
-    rows, and a small validation split runs beside the training blocks. The examples come back
-    in lane order and are put back in (split, block) order, so the rows are the same for any
-    ``num_proc``; that only relies on ``map`` keeping row order, and the balance on its sharding.
+    With ``num_proc`` 1 the blocks run in this process, in (split, block) order, straight into one
+    Arrow file per split. With more, a process pool takes the blocks longest first (cost =
+    characters), each worker taking the next one as it finishes (so the workers end close
+    together), and writes each block's examples to a file of its own; the files are then joined
+    in (split, block) order. The rows are the same for any ``num_proc``.
     """
     from datasets import Dataset
-    from datasets.table import InMemoryTable
+    from tqdm.auto import tqdm
 
     keys = [(s, b) for s in range(len(SPLITS)) for b in range(len(blocks[s]))]
-    if not keys:
-        empty = Dataset(InMemoryTable(_empty_table(data.masking == "static", data.objective == "nsp")))
-        return {name: empty for name in SPLITS}
     num_proc = min(data.num_proc, len(keys))
-    if num_proc > 1:
-        costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
-        lanes = balance_lanes(costs, num_proc)
-        width = max(map(len, lanes))
-        order = [i for lane in lanes for i in lane + [_PAD] * (width - len(lane))]
-    else:
-        order = list(range(len(keys)))
-    real = [i for i in order if i != _PAD]
-    doc_ids = [blocks[keys[i][0]][keys[i][1]] if i != _PAD else np.zeros(0, np.int64) for i in order]
-    offsets = np.zeros(len(order) + 1, dtype=np.int32)
-    offsets[1:] = np.cumsum([len(d) for d in doc_ids])
-    # Arrow columns straight from numpy: no Python int per document (memory stays flat)
-    rows = pa.table(
-        {
-            "split": pa.array(np.array([keys[i][0] if i != _PAD else _PAD for i in order], dtype=np.int64)),
-            "block": pa.array(np.array([keys[i][1] if i != _PAD else _PAD for i in order], dtype=np.int64)),
-            "doc_ids": pa.ListArray.from_arrays(
-                pa.array(offsets), pa.array(np.concatenate(doc_ids).astype(np.int64))
-            ),
-        }
-    )
     counts = " + ".join(f"{len(blocks[s])} {name}" for s, name in enumerate(SPLITS))
-    paired = (
-        Dataset(InMemoryTable(rows))
-        .with_format("arrow")
-        .map(
-            pairer,
-            batched=True,
-            batch_size=1,
-            num_proc=num_proc if num_proc > 1 else None,
-            remove_columns=["split", "block", "doc_ids"],
-            cache_file_name=str(work / "pairs.arrow"),
-            load_from_cache_file=False,
-            new_fingerprint=f"pairs-{data.cache_key()}",
-            desc=f"pairing ({counts} blocks)",
-        )
-        .with_format(None)
-    )
-    # examples per block (from the block statistics), then each block's rows in (split, block) order
-    examples = np.zeros(len(keys), dtype=np.int64)
-    for i, (s, b) in enumerate(keys):
-        examples[i] = json.loads((pairer.stats_dir / f"{s}_{b:08d}.json").read_text(encoding="utf-8"))[
-            "examples"
-        ]
-    if int(examples.sum()) != len(paired):
-        raise RuntimeError(
-            f"pairing wrote {len(paired)} rows but the block statistics count {int(examples.sum())}"
-        )
-    return _blocks_to_splits(paired, keys, examples, real)
-
-
-def _blocks_to_splits(paired: Any, keys: list, examples: np.ndarray, real: list[int]) -> dict:
-    """Each block's rows are a zero-copy slice; a split is its blocks' slices concatenated in
-    block order (an index mapping would copy every row again when the dataset is saved)."""
-    from datasets import concatenate_datasets
-
-    start = np.zeros(len(keys), dtype=np.int64)
-    start[real] = np.concatenate([[0], np.cumsum(examples[real])[:-1]])
-    out = {}
-    for s, name in enumerate(SPLITS):
-        mine = [i for i, k in enumerate(keys) if k[0] == s and examples[i]]
-        if not mine:
-            out[name] = paired.select(range(0))
-        elif all(start[j] == start[i] + examples[i] for i, j in itertools.pairwise(mine)):
-            out[name] = paired.select(range(start[mine[0]], start[mine[-1]] + examples[mine[-1]]))
+    stats: dict[tuple[int, int], dict] = {}
+    out_dir = work / "blocks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    split_files = [work / f"examples-{name}.arrow" for name in SPLITS]
+    with tqdm(total=len(keys), desc=f"pairing ({counts} blocks)", unit=" blocks", dynamic_ncols=True) as bar:
+        if num_proc <= 1:
+            for s, path in enumerate(split_files):
+                with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, pairer.schema) as writer:
+                    for b, doc_ids in enumerate(blocks[s]):
+                        table, stats[s, b] = pairer(s, b, doc_ids)
+                        writer.write_table(table)
+                        bar.update(1)
         else:
-            out[name] = concatenate_datasets(
-                [paired.select(range(start[i], start[i] + examples[i])) for i in mine]
+            costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
+            _run_pair_pool(pairer, blocks, keys, costs, num_proc, out_dir, stats, bar)
+            for s, path in enumerate(split_files):
+                _join_block_files(
+                    [_block_file(out_dir, s, b) for b in range(len(blocks[s]))], path, pairer.schema
+                )
+    out, block_stats = {}, {}
+    for s, name in enumerate(SPLITS):
+        out[name] = Dataset.from_file(str(split_files[s]))
+        block_stats[s] = [stats[s, b] for b in range(len(blocks[s]))]
+        written = sum(st["examples"] for st in block_stats[s])
+        if written != len(out[name]):
+            raise RuntimeError(
+                f"pairing wrote {len(out[name])} {name} rows but the block statistics count {written}"
             )
-    return out
+    return out, block_stats
+
+
+def _run_pair_pool(pairer, blocks, keys, costs, num_proc, out_dir, stats, bar) -> None:
+    """The blocks ``keys`` through ``num_proc`` worker processes, longest first; statistics into ``stats``."""
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    order = sorted(range(len(keys)), key=lambda i: (-costs[i], i))
+    with ProcessPoolExecutor(
+        num_proc,
+        mp_context=_pool_context(),
+        initializer=_init_pair_worker,
+        initargs=(pairer, blocks, out_dir),
+    ) as pool:
+        futures = {pool.submit(_pair_job, *keys[i]): keys[i] for i in order}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+                for f in done:
+                    stats[futures[f]] = f.result()  # a worker's error is raised here
+                bar.update(len(done))
+        except BrokenProcessPool:
+            _stop_pool(pool)
+            raise DataError(
+                "a pairing worker process ended abruptly (killed, e.g. by the out-of-memory killer); "
+                f"with data.num_proc={num_proc} each worker holds one block of data.pairing_block_chars "
+                "characters: lower data.num_proc or data.pairing_block_chars"
+            ) from None
+        except BaseException:  # an error or an interruption: end the workers now
+            _stop_pool(pool)
+            raise
+
+
+def _join_block_files(files: list[Path], out: Path, schema: pa.Schema) -> None:
+    """The block files' record batches, in order, into one Arrow stream file; each removed once copied."""
+    with pa.OSFile(str(out), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for path in files:
+            with pa.memory_map(str(path)) as src:
+                for batch in pa.ipc.open_stream(src):
+                    writer.write_batch(batch)
+            path.unlink()
+
+
+def _tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: bool) -> Any:
+    """``data.tokenizer`` loaded, or a WordPiece tokenizer trained on the training documents (kept
+    and reused across data configs that read the same documents: :func:`tokenizer_cache_path`)."""
+    if data.tokenizer:
+        return load_tokenizer(data.tokenizer, data.max_seq_length)
+
+    def train_texts():
+        for lo in range(0, len(train_ids), 1000):
+            yield from take_texts(docs.data.table, train_ids[lo : lo + 1000])
+
+    shared = tokenizer_cache_path(data)
+    if (shared / "tokenizer.json").is_file() and not force:
+        return load_tokenizer(str(shared), data.max_seq_length)
+    tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
+    _publish_tokenizer(tokenizer, shared)
+    return tokenizer
 
 
 def _build(cfg: Config, out: Path, force: bool = False) -> dict:
@@ -727,8 +750,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
 
     data = cfg.data
     work = out / "work"
-    stats_dir = work / "blocks"
-    stats_dir.mkdir(parents=True)
+    work.mkdir(parents=True)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
 
@@ -758,26 +780,12 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
 
     t = time.perf_counter()
-    if data.tokenizer:
-        tokenizer = load_tokenizer(data.tokenizer, data.max_seq_length)
-    else:
-        train_ids = split_docs[0]
-
-        def train_texts():
-            for lo in range(0, len(train_ids), 1000):
-                yield from take_texts(docs.data.table, train_ids[lo : lo + 1000])
-
-        shared = tokenizer_cache_path(data)
-        if (shared / "tokenizer.json").is_file() and not force:
-            tokenizer = load_tokenizer(str(shared), data.max_seq_length)
-        else:
-            tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
-            _publish_tokenizer(tokenizer, shared)
+    tokenizer = _tokenizer_for(data, docs, split_docs[0], force)
     timings["tokenizer"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    pairer = _BlockPairer(docs, tokenizer, data, stats_dir)
-    splits = _pair_blocks(pairer, blocks, chars, data, work)
+    pairer = _BlockPairer(docs, tokenizer, data)
+    splits, block_stats = _pair_blocks(pairer, blocks, chars, data, work)
     timings["split_tokenize_pair"] = time.perf_counter() - t
 
     if len(splits["train"]) == 0 and data.objective == "mlm":
@@ -797,7 +805,9 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     save_tokenizer(tokenizer, out / "tokenizer")
     timings["write"] = time.perf_counter() - t
 
-    stats = _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, time.perf_counter() - t_start)
+    stats = _collect_stats(
+        data, dd, tokenizer, read_stats, block_stats, timings, time.perf_counter() - t_start
+    )
     shutil.rmtree(work, ignore_errors=True)
     return stats
 
@@ -826,19 +836,18 @@ def _masking_stats(m: dict) -> dict:
     }
 
 
-def _collect_stats(data, dd, tokenizer, read_stats, stats_dir, timings, elapsed) -> dict:
+def _collect_stats(data, dd, tokenizer, read_stats, block_stats, timings, elapsed) -> dict:
     nsp = data.objective == "nsp"
     per_split = {}
     for s, name in enumerate(SPLITS):
-        block_files = sorted(stats_dir.glob(f"{s}_*.json"))
-        blk = _sum_block_stats(block_files)
+        blk = _sum_block_stats(block_stats[s])
         ds = dd[name]
         examples, example_tokens, histogram = _length_summary(
             ds.data.table.column("input_ids"), data.max_seq_length
         )
         entry: dict[str, Any] = {
             "examples": examples,
-            "blocks": len(block_files),
+            "blocks": len(block_stats[s]),
             "documents": int(blk.get("documents", 0)),
             "documents_without_tokens": int(blk.get("documents_without_tokens", 0)),
         }

@@ -92,8 +92,9 @@ def encoder(tokenizer: Any) -> Any:
 
 
 # Punctuation characters tried as inline sentence markers, rarest in prose first; a document takes
-# the first that it does not contain.
-_INLINE_MARKER_CANDIDATES = "|\u00b6\u00a7~^`@#$%&*+<=>\\{}_"
+# the first that it does not contain. ASCII ones first: a non-ASCII marker makes an ASCII document
+# non-ASCII, which the Rust tokenizer encodes ~14% slower (2,000 built-in documents, best of 5).
+_INLINE_MARKER_CANDIDATES = "|~^`@#$%&*+<=>\\{}_\u00b6\u00a7"
 # Sentences a candidate must handle exactly as [SEP] does (none contains a candidate).
 _MARKER_PROBES = (
     "One sentence.",

@@ -179,7 +179,7 @@ def test_prepare_interrupted_in_the_pairing_map_is_one_line_and_leaves_nothing(t
     args = ["prepare", *DATA, "data.num_proc=2", "data.pairing_block_chars=20000"]
     proc = start(args, tmp_path, **QUIET)
     blocks = tmp_path / "data"
-    wait_for(lambda: any(blocks.glob(".tmp-*/work/blocks/*.json")), proc, 120, "a paired block")
+    wait_for(lambda: any(blocks.glob(".tmp-*/work/blocks/*.arrow")), proc, 120, "a paired block")
     kill(proc.pid, sig)  # killpg: what a terminal does on Ctrl-C (and `kill -TERM -PGID`)
     out, err = proc.communicate(timeout=60)
     lines = [line for line in err.splitlines() if line.strip()]

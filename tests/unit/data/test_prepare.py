@@ -5,6 +5,7 @@ corpus through the real CLI: integration/test_prepare_cli.py)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -312,7 +313,7 @@ def test_inline_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
     base = prep.prepare(_cfg(tmp_path / "tok", corpus))
     tok = f"data.tokenizer={base / 'tokenizer'}"
     markers = [c for c, _ in prep.inline_markers(AutoTokenizer.from_pretrained(base / "tokenizer"))]
-    assert markers == ["|", "\u00b6", "%"]  # the candidates in this corpus's vocabulary, in order
+    assert markers == ["|", "%", "\u00b6"]  # the candidates in this corpus's vocabulary, in order
     extra = (tok, "data.masking=static", "data.pairing_block_chars=2000", "data.validation_fraction=0")
     inline = prep.prepare(_cfg(tmp_path / "inline", corpus, *extra))
     train = json.loads((inline / "stats.json").read_text())["per_split"]["train"]
@@ -419,25 +420,63 @@ def test_parallel_read_error_names_the_file(tmp_path, prepared):
     assert not any((tmp_path / "cache").glob(".tmp-*"))  # nothing half-built left behind
 
 
-@pytest.mark.parametrize("lanes", [1, 2, 3, 4])
-def test_balance_lanes_spreads_cost_and_keeps_every_item_once(lanes):
-    rng = random.Random(lanes)
-    for _ in range(50):
-        costs = [rng.randint(1, 100) for _ in range(rng.randint(1, 30))]
-        out = prep.balance_lanes(costs, lanes)
-        assert len(out) == lanes and sorted(i for lane in out for i in lane) == list(range(len(costs)))
-        assert all(lane == sorted(lane) for lane in out)
-        loads = [sum(costs[i] for i in lane) for lane in out]
-        best = max(max(costs), -(-sum(costs) // lanes))  # a lower bound on the best possible maximum
-        assert max(loads) <= best * 4 / 3 + max(costs) / 3  # LPT's guarantee, with slack for the bound
+def _failing_block(monkeypatch, how):
+    """Block 1 of the training split fails in the pairing worker that takes it (forked: the patch
+    is inherited)."""
+    real = prep._BlockPairer.__call__
+
+    def call(self, split, block, doc_ids):
+        if (split, block) == (0, 1):
+            if how == "raise":
+                raise DataError("block 1 is broken")
+            os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
+        return real(self, split, block, doc_ids)
+
+    monkeypatch.setattr(prep._BlockPairer, "__call__", call)
 
 
-def test_balance_lanes_puts_the_small_block_beside_half_the_big_ones():
-    # 24 training blocks of ~equal size and a small validation block on 2 workers: 12 + small and
-    # 12, not the 13 and 12 of a contiguous split
-    out = prep.balance_lanes([2_000_000] * 24 + [900_000], 2)
-    assert sorted(len(lane) for lane in out) == [12, 13]
-    assert 24 in next(lane for lane in out if len(lane) == 13)
+@pytest.mark.parametrize("how", ["raise", "die"])
+def test_a_pairing_worker_that_fails_ends_prepare_with_its_error_and_leaves_nothing(
+    tmp_path, monkeypatch, corpus, prepared, how
+):
+    _failing_block(monkeypatch, how)
+    cfg = _cfg(
+        tmp_path,
+        corpus,
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+        "data.pairing_block_chars=3000",
+        "data.num_proc=2",
+    )
+    expected = "block 1 is broken" if how == "raise" else "a pairing worker process ended abruptly"
+    with pytest.raises(DataError, match=expected):
+        prep.prepare(cfg)
+    assert list((tmp_path / "cache").iterdir()) in ([], [tmp_path / "cache" / "tokenizers"])
+
+
+def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, corpus, prepared):
+    """The two workers start on the two blocks with the most characters (the rest follow as they
+    finish), so a long block never starts last; each worker appends what it starts to a file."""
+    log = tmp_path / "started.txt"
+    real = prep._BlockPairer.__call__
+
+    def call(self, split, block, doc_ids):
+        chars = sum(map(len, prep.take_texts(self.docs.data.table, doc_ids)))
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{chars}\n")
+        return real(self, split, block, doc_ids)
+
+    monkeypatch.setattr(prep._BlockPairer, "__call__", call)
+    cfg = _cfg(
+        tmp_path,
+        corpus,
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+        "data.pairing_block_chars=3000",
+        "data.num_proc=2",
+    )
+    prep.prepare(cfg)
+    started = [int(x) for x in log.read_text().split()]
+    assert len(started) >= 6 and len(set(started)) > 2
+    assert min(started[:2]) >= max(started[2:])
 
 
 def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
