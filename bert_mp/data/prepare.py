@@ -133,22 +133,27 @@ def assign_splits(n_docs: int, fraction: float, seed: int) -> np.ndarray:
 
 
 def make_blocks(doc_ids: np.ndarray, chars: np.ndarray, block_chars: int) -> list[np.ndarray]:
-    """Consecutive documents grouped into blocks of about ``block_chars`` characters.
+    """Consecutive documents grouped into blocks of about ``block_chars`` characters, of equal size.
 
-    A short tail is merged into the previous block so that no block is left with a tiny pool of
-    documents for random B.
+    The split's characters are shared out over ``round(total / block_chars)`` blocks (at least
+    one): each block takes documents until it holds ``total // blocks`` characters, so the blocks
+    come out equal but for a document's length, which evens out the workers' shares (a greedy cut
+    at ``block_chars`` left a last block up to 1.5 times the others). A short tail, or one of a
+    single document (no other document for a random B), joins the previous block.
     """
     if len(doc_ids) == 0:
         return []
+    total = int(chars.sum())
+    target = max(1, total // max(1, round(total / block_chars)))
     ends = []
-    total = 0
+    run = 0
     for i, c in enumerate(chars.tolist()):
-        total += c
-        if total >= block_chars:
+        run += c
+        if run >= target:
             ends.append(i + 1)
-            total = 0
+            run = 0
     if not ends or ends[-1] != len(doc_ids):
-        if ends and total < block_chars // 2:
+        if ends and (run < target // 2 or len(doc_ids) - ends[-1] == 1):
             ends[-1] = len(doc_ids)
         else:
             ends.append(len(doc_ids))

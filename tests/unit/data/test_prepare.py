@@ -479,6 +479,34 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
     assert min(started[:2]) >= max(started[2:])
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_blocks_are_contiguous_equal_and_never_a_lone_tail(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    chars = rng.integers(1, 5000, size=n) if seed % 4 else rng.integers(1, 900_000, size=n)
+    block_chars = int(rng.choice([20_000, 200_000, 2_000_000]))
+    blocks = prep.make_blocks(np.arange(n) + 7, chars, block_chars)
+    assert np.array_equal(np.concatenate(blocks), np.arange(n) + 7)  # every document once, in order
+    sizes = np.array([chars[b - 7].sum() for b in blocks])
+    total = int(chars.sum())
+    assert len(blocks) <= max(1, round(total / block_chars))
+    target = total // max(1, round(total / block_chars))
+    assert (sizes[:-1] >= target).all() and (sizes[:-1] < target + chars.max()).all()
+    if len(blocks) > 1:
+        # a short tail, or a one-document one, joins the block before (a document that alone
+        # holds a block's characters is a block, wherever it is)
+        assert sizes[-1] >= target // 2 and (len(blocks[-1]) > 1 or sizes[-1] >= target)
+
+
+def test_blocks_share_the_characters_out_evenly():
+    # 5,300 documents of 2,400 characters at 2 M per block: six blocks of ~2.12 M, where cutting
+    # at 2 M left five of 2 M and a sixth of 2.72 M (one worker of two then ends 0.7 M behind)
+    sizes = [int(b.size) * 2400 for b in prep.make_blocks(np.arange(5300), np.full(5300, 2400), 2_000_000)]
+    assert len(sizes) == 6 and max(sizes) - min(sizes) <= 2 * 2400 * 4
+    # ten ~1.3 M documents: no block is left with one document (no random B there)
+    assert all(b.size >= 2 for b in prep.make_blocks(np.arange(9), np.full(9, 1_300_000), 2_000_000))
+
+
 def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
     sizes = [100, 100, 100, 100, 1000, 50, 50, 500]
     paths = []

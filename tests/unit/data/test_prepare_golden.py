@@ -47,9 +47,9 @@ CASES = {
 }
 
 GOLDEN = {
-    "mixed": "66e1173bf729cfe4ac616b7510151d44417d92aae4a40cd251a414fb31a94385",
-    "mixed-static-dupe": "56a1949b60a98beba9e139a8aa5848d72e82b305a4417a1e58784cdfa12fef6d",
-    "short": "8260252cf6ddd20683f5d9c5242e29c1e4a52cd97c26d60e6a785bb2bb77f1bf",
+    "mixed": "97bf522c1468457eb04608800e079906a236c342ea0e00dc5033044ab6040fe2",
+    "mixed-static-dupe": "811e799893f766afb719eb2af50f9c4e0ffbfab91d832522fb88cd0ad3c34aee",
+    "short": "6e21f46195e1e2a962c5773f9bb181fd86a697b799df46e134f8b41aa5aa8c36",
     "long-wwm-static": "f30f82c56e9a1e9d9700edf0d2f3a167ffc30ac08475d5bfe3edaa5fa4722cda",
 }
 
