@@ -168,9 +168,9 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> No
     [(signal.SIGINT, os.killpg), (signal.SIGTERM, os.killpg), (signal.SIGTERM, os.kill)],
     ids=["ctrl-c", "SIGTERM-to-the-group", "SIGTERM-to-the-command"],
 )
-def test_prepare_interrupted_in_the_pairing_map_is_one_line_and_leaves_nothing(tmp_path, sig, kill):
+def test_prepare_interrupted_while_pairing_is_one_line_and_leaves_nothing(tmp_path, sig, kill):
     """Ctrl-C (or a SIGTERM) reaches every process of the group, or a SIGTERM only the command: the
-    pool workers of the pairing map (num_proc=2) print nothing, the command prints one line and
+    pairing pool's workers (num_proc=2) print nothing, the command prints one line and
     exits 128 + signal, no worker or manager process is left behind (before, a SIGTERM to the
     command alone left its workers pairing on), and no prepared folder, complete-looking or
     partial, remains."""
