@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,29 +27,18 @@ from safetensors.torch import load_file
 
 from bert_mp.core.config import save_config
 from bert_mp.core.io import read_jsonl
+from bert_mp.core.launch import accelerate_launch
 
 ACCELERATE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu_multiprocess.yaml"
 
 
 def launch(cfg_path: Path, processes: int, log: Path) -> float:
     """Run ``bert-mp train`` under ``accelerate launch`` on the CPU; returns wall seconds."""
+    # more than one process through the config file that users launch with (torchrun-style
+    # spawning); one process with --cpu
+    extra = ["--config_file", str(ACCELERATE_CONFIG)] if processes > 1 else []
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        # torchrun-style spawning (bert_mp puts every rank on the CPU with gloo when there is no CUDA):
-        # accelerate 1.x `--cpu --num_processes N` starts a single process unless an MPI hostfile is given
-        *(["--config_file", str(ACCELERATE_CONFIG)] if processes > 1 else ["--cpu"]),
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(29500 + os.getpid() % 1000),
+        *accelerate_launch(processes, cuda=False, extra=extra, port=29500 + os.getpid() % 1000),
         "-m",
         "bert_mp",
         "train",

@@ -36,6 +36,7 @@ from bert_mp.core.config import (
     save_config,
 )
 from bert_mp.core.io import atomic_write_json
+from bert_mp.core.launch import accelerate_launch
 from bert_mp.core.run_guard import config_changes, describe_changes
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (
@@ -159,19 +160,7 @@ def launch_command(cfg: Config, config_file: Path, overrides: list[str], cuda: b
     train = ["bert_mp", "train", str(config_file), *overrides]
     if not use_accelerate:
         return [sys.executable, "-m", *train]
-    args = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(sc.num_processes)]
-    if not any(a.startswith("--num_machines") or a == "--config_file" for a in sc.accelerate_args):
-        args += ["--num_machines", "1"]
-    if not cuda and not {"--cpu", "--multi_gpu", "--config_file"} & set(sc.accelerate_args):
-        # `--cpu --num_processes N` starts ONE process in Accelerate 1.x; torchrun-style spawning
-        # starts N, and bert_mp puts each on the CPU with gloo.
-        args.append("--multi_gpu" if sc.num_processes > 1 else "--cpu")
-    args += (
-        ["--mixed_precision", "no", "--dynamo_backend", "no"]
-        if "--config_file" not in sc.accelerate_args
-        else []
-    )
-    return [*args, *sc.accelerate_args, "-m", *train]
+    return [*accelerate_launch(sc.num_processes, cuda=cuda, extra=sc.accelerate_args), "-m", *train]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from support import fresh_process_main, make_prepared, tiny_config
 
 from bert_mp.core.config import save_config
 from bert_mp.core.io import read_jsonl
+from bert_mp.core.launch import accelerate_launch
 
 
 def _launch(cfg, data_root: Path, processes: int) -> None:
@@ -23,23 +22,8 @@ def _launch(cfg, data_root: Path, processes: int) -> None:
     save_config(cfg, cfg_path)
     script = cfg_path.with_suffix(".py")
     script.write_text(fresh_process_main() + "\n")
-    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     cmd = [
-        launcher,
-        "launch",
-        # torchrun-style spawning; without CUDA bert_mp runs each rank on CPU with gloo.
-        # (`--cpu --num_processes N` starts a single process unless an MPI hostfile is given.)
-        *(["--multi_gpu"] if processes > 1 else []),
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(29500 + os.getpid() % 1000),
+        *accelerate_launch(processes, cuda=False, port=29500 + os.getpid() % 1000),
         str(script),
         str(cfg_path),
         str(data_root),

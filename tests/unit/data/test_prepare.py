@@ -420,6 +420,17 @@ def test_parallel_read_error_names_the_file(tmp_path, prepared):
     assert not any((tmp_path / "cache").glob(".tmp-*"))  # nothing half-built left behind
 
 
+def _pooled_cfg(tmp_path, corpus, prepared):
+    """Small blocks through a pool of two pairing workers, with a fixed tokenizer."""
+    return _cfg(
+        tmp_path,
+        corpus,
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+        "data.pairing_block_chars=3000",
+        "data.num_proc=2",
+    )
+
+
 def _failing_block(monkeypatch, how):
     """Block 1 of the training split fails in the pairing worker that takes it (forked: the patch
     is inherited)."""
@@ -440,13 +451,7 @@ def test_a_pairing_worker_that_fails_ends_prepare_with_its_error_and_leaves_noth
     tmp_path, monkeypatch, corpus, prepared, how
 ):
     _failing_block(monkeypatch, how)
-    cfg = _cfg(
-        tmp_path,
-        corpus,
-        f"data.tokenizer={prepared.path / 'tokenizer'}",
-        "data.pairing_block_chars=3000",
-        "data.num_proc=2",
-    )
+    cfg = _pooled_cfg(tmp_path, corpus, prepared)
     expected = "block 1 is broken" if how == "raise" else "a pairing worker process ended abruptly"
     with pytest.raises(DataError, match=expected):
         prep.prepare(cfg)
@@ -466,13 +471,7 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
         return real(self, split, block, doc_ids)
 
     monkeypatch.setattr(prep._BlockPairer, "__call__", call)
-    cfg = _cfg(
-        tmp_path,
-        corpus,
-        f"data.tokenizer={prepared.path / 'tokenizer'}",
-        "data.pairing_block_chars=3000",
-        "data.num_proc=2",
-    )
+    cfg = _pooled_cfg(tmp_path, corpus, prepared)
     prep.prepare(cfg)
     started = [int(x) for x in log.read_text().split()]
     assert len(started) >= 6 and len(set(started)) > 2
