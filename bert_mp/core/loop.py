@@ -122,7 +122,7 @@ _ORPHAN_LIMIT_S = 60.0
 @contextlib.contextmanager
 def interrupts_in_this_process_only(on_exit: Callable[[int], None]) -> Iterator[CaughtSignal]:
     """Ctrl-C and SIGTERM end this process with one line, with no traceback from the processes it
-    forks meanwhile (a ProcessPoolExecutor's workers, ``datasets.map(num_proc=N)``'s pool and manager) and
+    forks meanwhile (the workers of prepare's ProcessPoolExecutors) and
     none of them left behind.
 
     A terminal's Ctrl-C goes to the whole foreground process group, and so may a SIGTERM (a job
