@@ -11,7 +11,8 @@ times, each in a fresh subprocess (so peak RSS is per measurement):
       start on the clock as prepare's is; ``ratio_pool_untimed`` gives the ratio without it).
 
 Both count tokens of the text (no [CLS]/[SEP]) and run with TOKENIZERS_PARALLELISM=false, so N
-processes use N cores in both. The ratio is given per wall second and per CPU second (user +
+processes use N cores in both; both run the same memory sampler (a thread reading ``/proc`` every
+0.2 s), so its cost is on both clocks. The ratio is given per wall second and per CPU second (user +
 system of all processes): on a shared, loaded machine the CPU ratio is the steadier of the two.
 The pair (a, b) is measured ``--repeat`` times, back to back and in alternating order, and the
 median of the per-pair ratios is reported: a slow or fast phase of a shared machine then hits
@@ -281,15 +282,17 @@ def child_tokenize(files: list[str], tokenizer: str, num_proc: int, whole_file: 
 
     _init_worker(tokenizer)  # loaded once here; forked workers inherit it
     encode = partial(_encode_file, whole_file=whole_file)
-    t0 = time.perf_counter()
-    if num_proc == 1:
-        t1 = t0
-        per_file = [encode(f) for f in files]
-    else:
-        with get_context("fork").Pool(num_proc) as pool:
-            t1 = time.perf_counter()
-            per_file = list(pool.imap_unordered(encode, files))
-    t2 = time.perf_counter()
+    # memory is sampled on both sides (the sampler's ~2.5 ms every 0.2 s is then no difference)
+    with MemorySampler() as mem:
+        t0 = time.perf_counter()
+        if num_proc == 1:
+            t1 = t0
+            per_file = [encode(f) for f in files]
+        else:
+            with get_context("fork").Pool(num_proc) as pool:
+                t1 = time.perf_counter()
+                per_file = list(pool.imap_unordered(encode, files))
+        t2 = time.perf_counter()
     wall = t2 - t0
     tokens, cpu = sum(t for t, _ in per_file), sum(c for _, c in per_file)
     return {
@@ -300,6 +303,7 @@ def child_tokenize(files: list[str], tokenizer: str, num_proc: int, whole_file: 
         "tokens_per_sec": tokens / wall,
         "tokens_per_cpu_sec": tokens / cpu,
         "peak_rss": _peak_rss(),
+        "memory_peaks_bytes": mem.peak,
     }
 
 

@@ -789,6 +789,10 @@ def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically)."""
     from bert_mp.core.io import atomic_write_text
 
-    # The same YAML as ``OmegaConf.to_yaml(OmegaConf.structured(cfg))`` (tested), ten times faster.
-    text = yaml.safe_dump(asdict(cfg), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    # The same YAML as ``OmegaConf.to_yaml(OmegaConf.structured(cfg))`` (tested), ten times faster;
+    # libyaml's emitter where PyYAML has it (another ten times: the pure-Python one takes ~40 ms).
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = yaml.dump(
+        asdict(cfg), Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
     atomic_write_text(Path(path), text)

@@ -47,7 +47,14 @@ from bert_mp.data.fingerprint import folder_fingerprint
 from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
 from bert_mp.data.packing import pack_documents
 from bert_mp.data.pairs import NspBalance, PairParams, PairStats, block_pairs, build_examples
-from bert_mp.data.segment import build_marker, mark_documents, mark_lines, split_marked_tokens
+from bert_mp.data.segment import (
+    build_marker,
+    count_markers,
+    flatten_ids,
+    mark_documents,
+    mark_lines,
+    split_marked_tokens,
+)
 from bert_mp.data.tokenizer import (
     encoder,
     inline_markers,
@@ -212,7 +219,7 @@ class _BlockPairer:
         self.lines = data.documents == "line"
         self.mark = mark_lines if self.lines else build_marker(data.sentence_splitter)
         self.sep_token = tokenizer.sep_token
-        self.inline = inline_markers(tokenizer)
+        self.inline = inline_markers(tokenizer, self.encoder)
         # the marker id of each choice (_choose_markers): the inline markers', then [SEP]'s
         self.marker_id_of = np.array([m for _, m in self.inline] + [self.sep_id], dtype=np.int32)
         self.nsp = data.objective == "nsp"
@@ -237,8 +244,11 @@ class _BlockPairer:
         marked, counts = zip(*(self.mark(t, marker) for t in texts), strict=True)
         return list(marked), list(counts)
 
-    def _sentence_tokens(self, texts: list[str], st: dict) -> tuple[list[list[int]], np.ndarray]:
-        """Token ids of every document with a marker id after each sentence, and the marker ids.
+    def _sentence_tokens(
+        self, texts: list[str], st: dict
+    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """Token ids of every document with a marker id after each sentence (``(flat, doc_lens)``
+        of :func:`~bert_mp.data.segment.flatten_ids`), and each document's marker id.
 
         Sentence boundaries become marker tokens: the first inline punctuation marker that the
         document does not contain, where the tokenizer allows one, and [SEP] otherwise.
@@ -255,23 +265,25 @@ class _BlockPairer:
                 mk, ct = self._mark([texts[i] for i in idx], self._marker_text(k))
                 for i, a, b in zip(idx, mk, ct, strict=True):
                     marked[i], counts[i] = a, b
-        ids = self._encode(marked)
+        flat, doc_lens = flatten_ids(self._encode(marked))
         del marked
         marker_ids = self.marker_id_of[choice]
         inline = choice < len(self.inline)
         if inline.any():
             # Every inline marker must come back as exactly one marker id; a document where the
             # count differs (a normalizer that makes or eats the character) is redone with [SEP].
-            redo = [
-                i for i in np.flatnonzero(inline).tolist() if ids[i].count(int(marker_ids[i])) != counts[i]
-            ]
+            found = count_markers(flat, doc_lens, marker_ids)
+            redo = np.flatnonzero(inline & (found != np.asarray(counts, dtype=np.int64))).tolist()
             if redo:
+                ids = np.split(flat, np.cumsum(doc_lens)[:-1])
                 again = [self.mark(texts[i], self.sep_token)[0] for i in redo]
                 for i, x in zip(redo, self._encode(again), strict=True):
-                    ids[i] = x
+                    ids[i] = np.asarray(x, dtype=np.int32)
                     marker_ids[i] = self.sep_id
+                doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                flat = np.concatenate(ids) if ids else flat
         st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
-        return ids, marker_ids
+        return (flat, doc_lens), marker_ids
 
     def _choose_markers(self, texts: list[str]) -> np.ndarray:
         """Each document's marker: an index into ``self.inline``, ``len(self.inline)`` for [SEP]."""
@@ -325,8 +337,7 @@ class _BlockPairer:
         """MLM-only examples of the block (:mod:`bert_mp.data.packing`), or None."""
         ids = self._encode(texts)
         times.append(time.process_time())
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+        flat, lengths = flatten_ids(ids)
         del ids
         kept = lengths[lengths > 0]
         input_ids, offsets = pack_documents(flat, kept, self.max_seq_length, self.cls_id, self.sep_id)

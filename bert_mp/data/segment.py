@@ -143,7 +143,7 @@ def mark_documents(texts: list[str], marker: str, lines: bool = False) -> tuple[
         big = _BLANK_RE.sub(marker.replace("\\", "\\\\"), big)
     marked = big.replace(_DOC_DELIMITER, marker + _DOC_DELIMITER).split(_DOC_DELIMITER)
     marked[-1] += marker
-    return marked, [m.count(marker) for m in marked]
+    return marked, list(map(str.count, marked, itertools.repeat(marker)))
 
 
 def mark_lines(text: str, marker: str) -> tuple[str, int]:
@@ -199,11 +199,34 @@ def build_marker(name: str) -> Marker:
     return mark
 
 
+def flatten_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists as one flat int32 array and each list's length."""
+    doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(doc_lens.sum()))
+    return flat, doc_lens
+
+
+def _marker_mask(flat: np.ndarray, doc_lens: np.ndarray, marker_id: int | np.ndarray) -> np.ndarray:
+    if np.ndim(marker_id):
+        return flat == np.repeat(np.asarray(marker_id, dtype=np.int32), doc_lens)
+    return flat == marker_id
+
+
+def count_markers(flat: np.ndarray, doc_lens: np.ndarray, marker_id: int | np.ndarray) -> np.ndarray:
+    """Marker ids in each document of ``flat`` (documents of ``doc_lens`` tokens, one marker id
+    for all or one per document), without a per-document Python call."""
+    seen = np.zeros(flat.size + 1, dtype=np.int64)
+    np.cumsum(_marker_mask(flat, doc_lens, marker_id), out=seen[1:])
+    ends = np.cumsum(doc_lens)
+    return seen[ends] - seen[ends - doc_lens]
+
+
 def split_marked_tokens(
-    ids: list[list[int]], marker_id: int | np.ndarray, max_tokens: int
+    ids: list[list[int]] | tuple[np.ndarray, np.ndarray], marker_id: int | np.ndarray, max_tokens: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Sentences from the token ids of marked documents (``marker_id`` after every sentence).
 
+    ``ids``: one list per document, or the ``(flat, doc_lens)`` of :func:`flatten_ids`.
     ``marker_id`` is one id for all documents or an array with one per document.
 
     Returns ``(flat, lengths, document, empty, cut)``: all sentence tokens in order without the
@@ -211,12 +234,8 @@ def split_marked_tokens(
     sentences without tokens (dropped) and the number cut into pieces of at most ``max_tokens`` (a
     sentence longer than a whole example would otherwise lose everything past its first piece).
     """
-    doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(doc_lens.sum()))
-    if np.ndim(marker_id):
-        is_marker = flat == np.repeat(np.asarray(marker_id, dtype=np.int32), doc_lens)
-    else:
-        is_marker = flat == marker_id
+    flat, doc_lens = ids if isinstance(ids, tuple) else flatten_ids(ids)
+    is_marker = _marker_mask(flat, doc_lens, marker_id)
     doc_ends = np.cumsum(doc_lens)
     if not is_marker[doc_ends[doc_lens > 0] - 1].all():
         raise DataError(

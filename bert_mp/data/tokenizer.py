@@ -8,7 +8,6 @@ BERT's 30522 becomes 30528).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,7 +109,7 @@ _MARKER_PROBES = (
 )
 
 
-def inline_markers(tokenizer: Any) -> list[tuple[str, int]]:
+def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     """Punctuation characters that can stand in for ``[SEP]`` as prepare's sentence marker, with
     their ids, in the order prepare tries them; empty where none is proven equivalent.
 
@@ -122,10 +121,11 @@ def inline_markers(tokenizer: Any) -> list[tuple[str, int]]:
     encodes to one known, non-special token; (3) on probe sentences the ids equal those of the
     ``[SEP]`` form with that one id swapped. A document takes the first candidate it does not
     contain (``[SEP]`` if it contains them all), and prepare checks the marker count of every
-    document (see ``prepare._BlockPairer``).
+    document (see ``prepare._BlockPairer``). ``enc``: the :func:`encoder` of ``tokenizer`` where
+    the caller has one (a copy costs ~10 ms).
     """
-    enc = encoder(tokenizer)
-    if (json.loads(enc.to_str()).get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
+    enc = encoder(tokenizer) if enc is None else enc
+    if type(enc.pre_tokenizer).__name__ != "BertPreTokenizer":
         return []
     sep, sep_id, unk_id = tokenizer.sep_token, tokenizer.sep_token_id, tokenizer.unk_token_id
     added = set(tokenizer.get_added_vocab())

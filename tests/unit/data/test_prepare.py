@@ -322,7 +322,7 @@ def test_inline_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
     assert 0 < with_all < sum("|" in d for d in docs)  # some take a later candidate, some [SEP]
     assert train["documents"] == len(docs)
     assert train["sep_marked_documents"] == with_all
-    monkeypatch.setattr(prep, "inline_markers", lambda tokenizer: [])
+    monkeypatch.setattr(prep, "inline_markers", lambda *_: [])
     sep = prep.prepare(_cfg(tmp_path / "sep", corpus, *extra))
     assert json.loads((sep / "stats.json").read_text())["per_split"]["train"]["sep_marked_documents"] == len(
         docs
@@ -344,7 +344,7 @@ def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
     wrong_id = tokenizer.mask_token_id  # never in the output
     right = prep.inline_markers(tokenizer)
     # the first candidate's id is wrong, the others right: only documents holding "|" keep an inline marker
-    monkeypatch.setattr(prep, "inline_markers", lambda tokenizer: [("|", wrong_id), *right[1:]])
+    monkeypatch.setattr(prep, "inline_markers", lambda *_: [("|", wrong_id), *right[1:]])
     redone = prep.prepare(_cfg(tmp_path / "redone", corpus, *extra))
     stats = json.loads((redone / "stats.json").read_text())["per_split"]
     docs = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +11,8 @@ from bert_mp.data.segment import (
     _BOUNDARY,
     _mark_rule,
     build_splitter,
+    count_markers,
+    flatten_ids,
     mark_sentences,
     split_marked_tokens,
     split_sentences,
@@ -110,6 +113,22 @@ def test_split_marked_tokens():
     assert (empty, cut) == (2, 1)
     with pytest.raises(DataError, match="does not keep its"):
         split_marked_tokens([[10, 11]], m, 4)
+    # the flat form gives the same, as does one marker id per document
+    flat_form = flatten_ids(ids)
+    assert flat_form[1].tolist() == [5, 1, 9]
+    for got, want in zip(
+        split_marked_tokens(flat_form, np.array([m, m, m]), 2), (flat, lengths, document, empty, cut)
+    ):
+        assert np.array_equal(got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4), max_size=12), max_size=8), st.data())
+def test_count_markers_counts_each_documents_own_marker(ids, data):
+    markers = np.array([data.draw(st.integers(0, 4)) for _ in ids], dtype=np.int32)
+    flat, doc_lens = flatten_ids(ids)
+    assert count_markers(flat, doc_lens, markers).tolist() == [d.count(int(k)) for d, k in zip(ids, markers)]
+    assert count_markers(flat, doc_lens, 2).tolist() == [d.count(2) for d in ids]
 
 
 def test_cutting_an_overlong_sentence_leaves_no_lone_punctuation():
