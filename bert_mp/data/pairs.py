@@ -146,10 +146,10 @@ def block_pairs(
             forced = n_seg == 1
             if forced:
                 want_random = True
-            else:
-                want_random = uniform() < _free_random_prob(
-                    b_target, b_prior, b_gain, b_total, b_forced, b_random
-                )
+            else:  # _free_random_prob inline, unclamped: uniform() < p decides alike for p off [0, 1]
+                f = b_forced / (b_total + b_prior)
+                p = (b_target - f) / (1.0 - f) + b_gain * (b_target * b_total - b_random) if f < 1.0 else 0.0
+                want_random = uniform() < p
             if want_random and n_docs < 2:
                 if forced:
                     n_skipped += 1
