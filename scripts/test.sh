@@ -10,7 +10,7 @@ source "$(dirname "$0")/bootstrap.sh"
 if [ "$#" -gt 0 ]; then
   exec python -m pytest -q "$@"
 fi
-python -m pytest -q
+python -m pytest -q --durations=15  # the slowest tests in the log, to keep the suite short
 echo
 echo "[test] again with every CPU capability masked (BERT_MP_CPU_MASK=all): precision, train, finetune, faults"
 BERT_MP_CPU_MASK=all python -m pytest -q \
