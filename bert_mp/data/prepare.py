@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -281,7 +282,7 @@ class _BlockPairer:
                     ids[i] = np.asarray(x, dtype=np.int32)
                     marker_ids[i] = self.sep_id
                 doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-                flat = np.concatenate(ids) if ids else flat
+                flat = np.concatenate(ids)
         st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
         return (flat, doc_lens), marker_ids
 
@@ -407,6 +408,13 @@ class _BlockPairer:
         return masked, labels
 
 
+@contextlib.contextmanager
+def _arrow_stream(path: str | Path, schema: pa.Schema) -> Iterator[pa.ipc.RecordBatchStreamWriter]:
+    """A writer of the Arrow stream file ``path`` (the format ``Dataset.from_file`` memory-maps)."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        yield writer
+
+
 _READER_BYTES = 32 << 20
 """Bytes of files per reader process (``data.num_proc`` is the most)."""
 _READ_BATCH_CHARS = 4 * 1024 * 1024
@@ -460,7 +468,7 @@ def _read_job(data: DataConfig, paths: list[str] | None, out: str) -> ReadStats:
     batch: list[str] = []
     size = 0
     schema = _HASHED_SCHEMA if data.dedupe else _TEXT_SCHEMA
-    with pa.OSFile(out, "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    with _arrow_stream(out, schema) as writer:
 
         def flush() -> None:
             cols = [pa.array(batch, pa.string())]
@@ -639,7 +647,7 @@ def _pair_job(split: int, block: int) -> dict:
     pairer, blocks, out_dir = _PAIR_WORKER
     table, st = pairer(split, block, blocks[split][block])
     path = _block_file(out_dir, split, block)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, pairer.schema) as writer:
+    with _arrow_stream(path, pairer.schema) as writer:
         writer.write_table(table)
     return st
 
@@ -676,7 +684,7 @@ def _pair_blocks(
     with tqdm(total=len(keys), desc=f"pairing ({counts} blocks)", unit=" blocks", dynamic_ncols=True) as bar:
         if num_proc <= 1:
             for s, path in enumerate(split_files):
-                with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, pairer.schema) as writer:
+                with _arrow_stream(path, pairer.schema) as writer:
                     for b, doc_ids in enumerate(blocks[s]):
                         table, stats[s, b] = pairer(s, b, doc_ids)
                         writer.write_table(table)
@@ -734,7 +742,7 @@ def _run_pair_pool(pairer, blocks, keys, costs, num_proc, out_dir, stats, bar) -
 
 def _join_block_files(files: list[Path], out: Path, schema: pa.Schema) -> None:
     """The block files' record batches, in order, into one Arrow stream file; each removed once copied."""
-    with pa.OSFile(str(out), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    with _arrow_stream(out, schema) as writer:
         for path in files:
             with pa.memory_map(str(path)) as src:
                 for batch in pa.ipc.open_stream(src):
