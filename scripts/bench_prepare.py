@@ -8,14 +8,17 @@ times, each in a fresh subprocess (so peak RSS is per measurement):
       ``bert_mp.data.prepare.prepare`` with ``data.tokenizer`` pointing at the trained tokenizer;
   (b) tokenize-only: read the same files, split them into the same documents, and
       ``encode_batch_fast`` them with the same Rust tokenizer in N processes (a forked pool, its
-      start on the clock as prepare's is; ``ratio_pool_untimed`` gives the ratio without it).
+      start on the clock as prepare's is; ``ratio_pool_untimed`` gives the ratio without it);
+  (c) tokenize-only again under the glibc malloc settings that prepare runs with
+      (``bert_mp.data.allocator``): ``ratio_same_malloc`` is prepare against this one, the
+      like-for-like ratio (the allocator speeds both sides; ``ratio`` counts it for prepare).
 
 Both count tokens of the text (no [CLS]/[SEP]) and run with TOKENIZERS_PARALLELISM=false, so N
 processes use N cores in both; both run the same memory sampler (a thread reading ``/proc`` every
 0.2 s), so its cost is on both clocks. The ratio is given per wall second and per CPU second (user +
 system of all processes): on a shared, loaded machine the CPU ratio is the steadier of the two.
-The pair (a, b) is measured ``--repeat`` times, back to back and in alternating order, and the
-median of the per-pair ratios is reported: a slow or fast phase of a shared machine then hits
+The trial (a, b, c) is measured ``--repeat`` times, back to back and in rotated order, and the
+median of the per-trial ratios is reported: a slow or fast phase of a shared machine then hits
 both sides of a pair, not one side of the whole comparison. Prints a table and writes JSON
 (``--out``, with every trial).
 
@@ -25,6 +28,7 @@ both sides of a pair, not one side of the whole comparison. Prints a table and w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -38,6 +42,12 @@ from pathlib import Path
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process on both sides
 
 FILE_BYTES = 2_000_000
+
+KINDS = ("tokenize", "prepare", "tokenize-same-malloc")
+"""The measured children of a trial, run in rotated order: tokenize-only (the baseline of the
+ratio), prepare, and tokenize-only again under prepare's malloc settings (``ratio_same_malloc``:
+prepare against a baseline that gets the same allocator, so a faster allocator is not counted as
+less pipeline overhead)."""
 
 
 def parse_size(text: str) -> int:
@@ -273,17 +283,23 @@ def _cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def child_tokenize(files: list[str], tokenizer: str, num_proc: int, whole_file: bool = False) -> dict:
+def child_tokenize(
+    files: list[str], tokenizer: str, num_proc: int, whole_file: bool = False, same_malloc: bool = False
+) -> dict:
     """Tokenize-only, timed the way prepare is: from an interpreter with the libraries imported and
     the tokenizer loaded (untimed), to all tokens counted. With ``num_proc`` > 1 the fork of the
-    worker pool is on the clock, as prepare's is; ``seconds_pool_untimed`` leaves it out."""
+    worker pool is on the clock, as prepare's is; ``seconds_pool_untimed`` leaves it out.
+    ``same_malloc``: under the glibc malloc settings prepare runs with (``bert_mp.data.allocator``)."""
     from functools import partial
     from multiprocessing import get_context
+
+    from bert_mp.data import allocator
 
     _init_worker(tokenizer)  # loaded once here; forked workers inherit it
     encode = partial(_encode_file, whole_file=whole_file)
     # memory is sampled on both sides (the sampler's ~2.5 ms every 0.2 s is then no difference)
-    with MemorySampler() as mem:
+    tuning = allocator.tuned() if same_malloc else contextlib.nullcontext(False)
+    with MemorySampler() as mem, tuning as applied:
         t0 = time.perf_counter()
         if num_proc == 1:
             t1 = t0
@@ -302,6 +318,7 @@ def child_tokenize(files: list[str], tokenizer: str, num_proc: int, whole_file: 
         "cpu_seconds": cpu,
         "tokens_per_sec": tokens / wall,
         "tokens_per_cpu_sec": tokens / cpu,
+        "malloc_tuned": applied,
         "peak_rss": _peak_rss(),
         "memory_peaks_bytes": mem.peak,
     }
@@ -399,7 +416,12 @@ def main() -> None:
         help="skip tokenize-only (memory-scaling runs: peak memory only)",
     )
     p.add_argument("--extra", nargs="*", default=[], help="extra data.* overrides for prepare")
-    p.add_argument("--child", choices=["prepare", "tokenize"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--no-same-malloc-baseline",
+        action="store_true",
+        help="skip the second tokenize-only run under prepare's malloc settings (ratio_same_malloc)",
+    )
+    p.add_argument("--child", choices=list(KINDS), help=argparse.SUPPRESS)
     p.add_argument("--child-num-proc", type=int, help=argparse.SUPPRESS)
     p.add_argument("--child-files", help=argparse.SUPPRESS)
     p.add_argument("--child-tokenizer", help=argparse.SUPPRESS)
@@ -407,9 +429,10 @@ def main() -> None:
 
     if args.child:
         files = json.loads(args.child_files)
-        if args.child == "tokenize":
+        if args.child != "prepare":
             whole_file = "data.documents=file" in args.extra
-            res = child_tokenize(files, args.child_tokenizer, args.child_num_proc, whole_file)
+            same = args.child == "tokenize-same-malloc"
+            res = child_tokenize(files, args.child_tokenizer, args.child_num_proc, whole_file, same)
         else:
             cache = str(args.workdir / "cache")
             res = child_prepare(files, args.child_tokenizer, args.child_num_proc, cache, args.extra)
@@ -436,9 +459,12 @@ def main() -> None:
         for n in args.num_proc:
             trials = []
             for r in range(args.repeat):
-                order = ("tokenize", "prepare") if r % 2 == 0 else ("prepare", "tokenize")
+                kinds = list(KINDS)
+                if args.no_same_malloc_baseline:
+                    kinds.remove("tokenize-same-malloc")
                 if args.prepare_only:
-                    order = ("prepare",)
+                    kinds = ["prepare"]
+                order = tuple(kinds[(r + i) % len(kinds)] for i in range(len(kinds)))  # rotated
                 got = {kind: run_child(kind, args, files, tokenizer, n, extra) for kind in order}
                 prep = got["prepare"]
                 tok = got.get("tokenize") or {
@@ -456,11 +482,15 @@ def main() -> None:
                     * tok.get("seconds_pool_untimed", float("nan"))
                     / tok.get("tokens", float("nan")),
                 }
+                if "tokenize-same-malloc" in got:
+                    trial["tokenize_only_same_malloc"] = same = got["tokenize-same-malloc"]
+                    trial["ratio_same_malloc"] = prep["tokens_per_sec"] / same["tokens_per_sec"]
                 trials.append(trial)
                 print(
                     f"{shape} num_proc={n} trial {r + 1}/{args.repeat}: tokenize-only "
                     f"{tok['tokens_per_sec']:,.0f} tok/s, prepare {prep['tokens_per_sec']:,.0f} tok/s, "
-                    f"ratio {trial['ratio']:.2f} (per CPU second: {trial['cpu_ratio']:.2f})",
+                    f"ratio {trial['ratio']:.2f} (per CPU second: {trial['cpu_ratio']:.2f}; "
+                    f"same malloc: {trial.get('ratio_same_malloc', float('nan')):.2f})",
                     flush=True,
                 )
             ratios = sorted(t["ratio"] for t in trials)
@@ -477,6 +507,9 @@ def main() -> None:
                     "ratio": median,
                     "cpu_ratio": statistics.median(t["cpu_ratio"] for t in trials),
                     "ratio_pool_untimed": statistics.median(t["ratio_pool_untimed"] for t in trials),
+                    "ratio_same_malloc": statistics.median(
+                        t.get("ratio_same_malloc", float("nan")) for t in trials
+                    ),
                     # best of the trials on each side (the least disturbed CPU time, as timeit reports)
                     "cpu_ratio_best": max(t["prepare"]["tokens_per_cpu_sec"] for t in trials)
                     / max(t["tokenize_only"]["tokens_per_cpu_sec"] for t in trials),
@@ -501,6 +534,7 @@ def main() -> None:
         "min-max",
         "cpu ratio",
         "no-pool ratio",
+        "same-malloc",
         "prep s",
         "peak RSS MB",
         "anon peak MB",
@@ -518,6 +552,7 @@ def main() -> None:
             "{:.2f}-{:.2f}".format(*r["ratio_min_max"]),
             f"{r['cpu_ratio']:.2f}",
             f"{r['ratio_pool_untimed']:.2f}",
+            f"{r['ratio_same_malloc']:.2f}",
             f"{r['prepare']['seconds']:.1f}",
             f"{max(r['prepare']['peak_rss'].values()) / 1e6:.0f}",
             f"{r['prepare']['memory_peaks_bytes']['anon_total'] / 1e6:.0f}",

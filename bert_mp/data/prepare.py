@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from bert_mp.core.config import Config, DataConfig, load_config, save_config
 from bert_mp.core.io import atomic_write_json
 from bert_mp.core.loop import interrupts_in_this_process_only
+from bert_mp.data import allocator
 from bert_mp.data.corpus import (
     ReadStats,
     describe_source,
@@ -1023,7 +1024,8 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         with interrupts_in_this_process_only(on_exit) as caught:
             try:
                 tmp.mkdir()
-                stats = _build(cfg, tmp, force)
+                with allocator.tuned():
+                    stats = _build(cfg, tmp, force)
                 stats["warnings"] = _warnings(stats, data)
                 stats["fingerprint"] = folder_fingerprint(tmp)
                 _say_if_rebuilt_differently(final, stats["fingerprint"])

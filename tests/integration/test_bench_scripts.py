@@ -11,6 +11,8 @@ from pathlib import Path
 
 from support import ROOT
 
+from bert_mp.data import allocator
+
 
 def _run(args: list[str], cwd: Path) -> None:
     r = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
@@ -44,10 +46,18 @@ def test_bench_prepare_runs(tmp_path):
     assert row["overrides"] == ["data.documents=file"] and row["files"] >= 2
     assert 0 <= row["padding_fraction_at_max_seq_length"] < 1 and row["mean_example_length"] > 0
     assert len(row["trials"]) == 2
-    assert [t["order"][0] for t in row["trials"]] == ["tokenize", "prepare"]  # alternating order
+    assert [t["order"] for t in row["trials"]] == [  # every kind in each trial, in rotated order
+        ["tokenize", "prepare", "tokenize-same-malloc"],
+        ["prepare", "tokenize-same-malloc", "tokenize"],
+    ]
     for t in row["trials"]:
         assert t["prepare"]["tokens"] > 0 and t["tokenize_only"]["tokens"] > 0
         assert math.isfinite(t["ratio"]) and t["ratio"] > 0
+        same = t["tokenize_only_same_malloc"]
+        assert same["tokens"] == t["tokenize_only"]["tokens"]  # the same work, another allocator setting
+        assert not t["tokenize_only"]["malloc_tuned"]
+        assert same["malloc_tuned"] == allocator.available()
+        assert math.isfinite(t["ratio_same_malloc"]) and t["ratio_same_malloc"] > 0
         tok = t["tokenize_only"]
         assert 0 < tok["seconds_pool_untimed"] <= tok["seconds"]  # the pool's start is on the clock
         assert t["ratio_pool_untimed"] <= t["ratio"]  # a faster baseline without it
