@@ -39,4 +39,3 @@ def test_tuned_applies_and_settles(monkeypatch):
         del big
     assert calls == [allocator.TUNED, allocator.SETTLED]
     assert real(allocator.SETTLED)  # glibc takes every value (mallopt returns 1 for each)
-
