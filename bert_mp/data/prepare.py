@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -205,6 +206,27 @@ def _empty_table(static: bool, nsp: bool = True) -> pa.Table:
     return pa.table(cols)
 
 
+@dataclass
+class Tokens:
+    """The token ids of a block's documents, or of a run of them: ``flat`` holds every document's
+    ids in order (``doc_lens`` each); with ``objective=nsp`` a marker id follows each sentence,
+    ``marker_ids`` giving each document's."""
+
+    flat: np.ndarray
+    doc_lens: np.ndarray
+    marker_ids: np.ndarray | None
+
+    @staticmethod
+    def join(parts: list[tuple[Tokens, dict]]) -> tuple[Tokens, dict]:
+        """Consecutive runs of a block's documents as one, their statistics summed."""
+        toks = [t for t, _ in parts]
+        marker_ids = None if toks[0].marker_ids is None else np.concatenate([t.marker_ids for t in toks])
+        tok = Tokens(
+            np.concatenate([t.flat for t in toks]), np.concatenate([t.doc_lens for t in toks]), marker_ids
+        )
+        return tok, _sum_block_stats([st for _, st in parts])
+
+
 _ENCODE_BATCH = 256
 """Documents per ``encode_batch_fast`` call: a whole block in one call is 10-20% slower (every
 Encoding of the block alive at once) than a few hundred at a time."""
@@ -230,6 +252,7 @@ class _BlockPairer:
         self.spec = MaskingSpec.from_tokenizer(tokenizer, data) if data.masking == "static" else None
         self.seed, self.dupe_factor = data.seed, data.dupe_factor
         self.schema = _empty_table(self.spec is not None, self.nsp).schema
+        self.tokenize_stage = "mark_and_tokenize" if self.nsp else "tokenize"
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         enc = self.encoder.encode_batch_fast
@@ -301,15 +324,27 @@ class _BlockPairer:
     def _marker_text(self, kind: int) -> str:
         return self.inline[kind][0] if kind < len(self.inline) else self.sep_token
 
-    def _pairs(self, texts: list[str], split: int, block: int, st: dict, times: list[float]):
+    def tokens(self, split: int, block: int, doc_ids: np.ndarray) -> tuple[Tokens, dict]:
+        """The encoding half of a block (or of a part of one: documents are encoded independently,
+        so parts concatenated in order are the whole block's :class:`Tokens`), and its statistics."""
+        st: dict[str, Any] = {}
+        t0 = time.process_time()  # CPU time of this worker, per stage
+        texts = take_texts(self.docs.data.table, doc_ids)
+        t1 = time.process_time()
+        if self.nsp:
+            (flat, doc_lens), marker_ids = self._sentence_tokens(texts, st)
+        else:
+            (flat, doc_lens), marker_ids = flatten_ids(self._encode(texts)), None
+        st["seconds"] = {"read": t1 - t0, self.tokenize_stage: time.process_time() - t1}
+        return Tokens(flat, doc_lens, marker_ids), st
+
+    def _pairs(self, tok: Tokens, split: int, block: int, st: dict):
         """NSP examples of the block: ``(input_ids, token_type_ids, offsets, labels)`` or None."""
-        ids, marker_ids = self._sentence_tokens(texts, st)
-        times.append(time.process_time())
+        n_docs = len(tok.doc_lens)
         flat, sent_lens, doc_of_sent, empty, cut = split_marked_tokens(
-            ids, marker_ids, self.params.max_num_tokens
+            (tok.flat, tok.doc_lens), tok.marker_ids, self.params.max_num_tokens
         )
-        del ids
-        sents_per_doc = np.bincount(doc_of_sent, minlength=len(texts))
+        sents_per_doc = np.bincount(doc_of_sent, minlength=n_docs)
         kept_docs = np.flatnonzero(sents_per_doc)
         sent_bounds = [0, *np.cumsum(sent_lens).tolist()]
         doc_sents = [0, *np.cumsum(sents_per_doc[kept_docs]).tolist()]
@@ -317,7 +352,7 @@ class _BlockPairer:
             sentences=len(sent_lens),
             sentences_without_tokens=empty,
             sentences_cut_to_max_length=cut,
-            documents_without_tokens=len(texts) - len(kept_docs),
+            documents_without_tokens=n_docs - len(kept_docs),
             single_sentence_documents=int((sents_per_doc[kept_docs] == 1).sum()),
             tokens=int(flat.size),
         )
@@ -330,39 +365,38 @@ class _BlockPairer:
                 block_pairs(range(len(kept_docs)), sent_bounds, doc_sents, self.params, rng, balance, pstats)
             )
         st.update(asdict(pstats))
-        times.append(time.process_time())
         if not pairs:
             return None
         return build_examples(flat, pairs, self.cls_id, self.sep_id)
 
-    def _packed(self, texts: list[str], st: dict, times: list[float]):
+    def _packed(self, tok: Tokens, st: dict):
         """MLM-only examples of the block (:mod:`bert_mp.data.packing`), or None."""
-        ids = self._encode(texts)
-        times.append(time.process_time())
-        flat, lengths = flatten_ids(ids)
-        del ids
+        flat, lengths = tok.flat, tok.doc_lens
         kept = lengths[lengths > 0]
         input_ids, offsets = pack_documents(flat, kept, self.max_seq_length, self.cls_id, self.sep_id)
         st.update(
-            documents_without_tokens=len(texts) - len(kept),
+            documents_without_tokens=len(lengths) - len(kept),
             tokens=int(flat.size),
             document_separators=max(0, len(kept) - 1),
         )
-        times.append(time.process_time())
         if len(offsets) == 1:
             return None
         return input_ids, np.zeros(len(input_ids), dtype=np.int8), offsets, None
 
-    def __call__(self, split: int, block: int, doc_ids: np.ndarray) -> tuple[pa.Table, dict]:
-        st: dict[str, Any] = {"documents": len(doc_ids)}
-        times = [time.process_time()]  # CPU time of this worker, per stage
-        texts = take_texts(self.docs.data.table, doc_ids)
-        times.append(time.process_time())
+    def __call__(
+        self, split: int, block: int, doc_ids: np.ndarray, parts: list[tuple[Tokens, dict]] | None = None
+    ) -> tuple[pa.Table, dict]:
+        """The block's examples and statistics; ``parts``: its :meth:`tokens`, already encoded in
+        pieces (by other workers), in document order."""
+        tok, st = Tokens.join(parts) if parts else self.tokens(split, block, doc_ids)
+        st["documents"] = len(doc_ids)
+        times = [time.process_time()]
         if self.nsp:
-            examples = self._pairs(texts, split, block, st, times)
+            examples = self._pairs(tok, split, block, st)
         else:
-            examples = self._packed(texts, st, times)
-        del texts
+            examples = self._packed(tok, st)
+        del tok
+        times.append(time.process_time())
         if examples is None:
             table = _empty_table(self.spec is not None, self.nsp)
         else:
@@ -382,12 +416,9 @@ class _BlockPairer:
             table = pa.table({**head, **cols})
         times.append(time.process_time())
         st["examples"] = table.num_rows
-        st["seconds"] = {
-            "read": times[1] - times[0],
-            "mark_and_tokenize" if self.nsp else "tokenize": times[2] - times[1],
-            "pair" if self.nsp else "pack": times[3] - times[2],
-            "build_and_mask": times[4] - times[3],
-        }
+        st["seconds"].update(
+            {"pair" if self.nsp else "pack": times[1] - times[0], "build_and_mask": times[2] - times[1]}
+        )
         return table, st
 
     def _mask(self, input_ids: np.ndarray, offsets: np.ndarray, split: int, block: int, st: dict):
@@ -642,15 +673,57 @@ def _block_file(out_dir: Path, split: int, block: int) -> Path:
     return out_dir / f"{split}_{block:08d}.arrow"
 
 
-def _pair_job(split: int, block: int) -> dict:
-    """One block in a worker: its examples to ``<out_dir>/<split>_<block>.arrow``; its statistics back."""
+def _pair_job(split: int, block: int, parts: list[tuple[Tokens, dict]] | None = None) -> dict:
+    """One block in a worker: its examples to ``<out_dir>/<split>_<block>.arrow``; its statistics
+    back. ``parts``: the block's tokens, encoded in pieces by :func:`_tokens_job`."""
     assert _PAIR_WORKER is not None, "a pairing job outside a pairing worker"
     pairer, blocks, out_dir = _PAIR_WORKER
-    table, st = pairer(split, block, blocks[split][block])
+    table, st = pairer(split, block, blocks[split][block], parts)
     path = _block_file(out_dir, split, block)
     with _arrow_stream(path, pairer.schema) as writer:
         writer.write_table(table)
     return st
+
+
+def _tokens_job(split: int, block: int, doc_ids: np.ndarray) -> tuple[Tokens, dict]:
+    """A run of a block's documents encoded in a worker: :meth:`_BlockPairer.tokens`, sent back."""
+    assert _PAIR_WORKER is not None, "a tokens job outside a pairing worker"
+    return _PAIR_WORKER[0].tokens(split, block, doc_ids)
+
+
+_PIECES_PER_WORKER = 4
+"""Work units per pairing worker below which blocks are encoded in pieces (:func:`_work_units`)."""
+
+
+def _work_units(
+    blocks: dict[int, list[np.ndarray]],
+    keys: list[tuple[int, int]],
+    costs: list[int],
+    num_proc: int,
+    chars: np.ndarray,
+) -> list[tuple[int, tuple[int, int], int | None, np.ndarray | None]]:
+    """The pool's jobs, longest first: ``(cost, key, piece, doc_ids)``.
+
+    A block is one job (``piece`` None). On a small corpus of long documents the few blocks share
+    out unevenly over the workers (13 MB in 2 MB blocks is 6-7 jobs for 2 workers), so a block
+    over ``1 / (_PIECES_PER_WORKER * num_proc)`` of all characters is encoded in pieces of whole
+    documents of about that size (``piece`` 0, 1, ...), each a job of its own; once all of a
+    block's pieces are back, its pairing is a job. Documents are encoded independently, so the
+    rows are the same either way. On a large corpus (many blocks per worker) nothing is cut.
+    """
+    target = max(1.0, sum(costs) / (_PIECES_PER_WORKER * num_proc))
+    units = []
+    for key, cost in zip(keys, costs, strict=True):
+        doc_ids = blocks[key[0]][key[1]]
+        n = min(len(doc_ids), math.ceil(cost / target))
+        if n <= 1:
+            units.append((cost, key, None, None))
+            continue
+        run = np.cumsum(chars[doc_ids])
+        cuts = np.unique(np.searchsorted(run, run[-1] * np.arange(1, n) / n) + 1)
+        for j, ids in enumerate(np.split(doc_ids, cuts[(cuts > 0) & (cuts < len(doc_ids))])):
+            units.append((int(chars[ids].sum()), key, j, ids))
+    return sorted(units, key=lambda u: (-u[0], u[1], u[2] or 0))
 
 
 def _pool_context() -> Any:
@@ -668,7 +741,8 @@ def _pair_blocks(
 
     With ``num_proc`` 1 the blocks run in this process, in (split, block) order, straight into one
     Arrow file per split. With more, a process pool takes the blocks longest first (cost =
-    characters), each worker taking the next one as it finishes (so the workers end close
+    characters; where there are few blocks per worker, large ones are encoded in pieces first:
+    :func:`_work_units`), each worker taking the next job as it finishes (so the workers end close
     together), and writes each block's examples to a file of its own; the files are then joined
     in (split, block) order. The rows are the same for any ``num_proc``.
     """
@@ -692,7 +766,7 @@ def _pair_blocks(
                         bar.update(1)
         else:
             costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
-            _run_pair_pool(pairer, blocks, keys, costs, num_proc, out_dir, stats, bar)
+            _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats, bar)
             for s, path in enumerate(split_files):
                 _join_block_files(
                     [_block_file(out_dir, s, b) for b in range(len(blocks[s]))], path, pairer.schema
@@ -709,26 +783,42 @@ def _pair_blocks(
     return out, block_stats
 
 
-def _run_pair_pool(pairer, blocks, keys, costs, num_proc, out_dir, stats, bar) -> None:
-    """The blocks ``keys`` through ``num_proc`` worker processes, longest first; statistics into ``stats``."""
+def _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats, bar) -> None:
+    """The blocks ``keys`` through ``num_proc`` worker processes, longest first (:func:`_work_units`);
+    statistics into ``stats``."""
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    order = sorted(range(len(keys)), key=lambda i: (-costs[i], i))
+    units = _work_units(blocks, keys, costs, num_proc, chars)
+    pieces: dict[tuple[int, int], list] = {}  # the encoded pieces of a cut block, as they come back
+    for _, key, j, _ in units:
+        if j is not None:
+            pieces.setdefault(key, []).append(None)
     with ProcessPoolExecutor(
         num_proc,
         mp_context=_pool_context(),
         initializer=_init_pair_worker,
         initargs=(pairer, blocks, out_dir),
     ) as pool:
-        futures = {pool.submit(_pair_job, *keys[i]): keys[i] for i in order}
+        futures = {
+            pool.submit(_pair_job, *key) if j is None else pool.submit(_tokens_job, *key, ids): (key, j)
+            for _, key, j, ids in units
+        }
         pending = set(futures)
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
                 for f in done:
-                    stats[futures[f]] = f.result()  # a worker's error is raised here
-                bar.update(len(done))
+                    key, j = futures.pop(f)
+                    if j is None:
+                        stats[key] = f.result()  # a worker's error is raised here
+                        bar.update(1)
+                        continue
+                    pieces[key][j] = f.result()
+                    if all(p is not None for p in pieces[key]):  # the block's pairing, now a job
+                        nxt = pool.submit(_pair_job, *key, pieces.pop(key))
+                        futures[nxt] = (key, None)
+                        pending.add(nxt)
         except BrokenProcessPool:
             _stop_pool(pool)
             raise DataError(

@@ -128,6 +128,68 @@ def test_num_proc_does_not_change_a_byte(tmp_path, corpus, prepared):
     )
 
 
+@pytest.mark.parametrize("objective", ["nsp", "mlm"])
+def test_blocks_encoded_in_pieces_give_the_same_bytes(tmp_path, monkeypatch, corpus, prepared, objective):
+    """One large block (the default block size on a small corpus) for two workers: it is encoded
+    in pieces by both workers and paired once they are back; the rows and counts are those of one
+    process, which encodes the block whole."""
+    cut = []
+    real = prep._work_units
+
+    def spy(*args):
+        units = real(*args)
+        cut.extend(u for u in units if u[2] is not None)
+        return units
+
+    monkeypatch.setattr(prep, "_work_units", spy)
+    extra = (
+        f"data.objective={objective}",
+        "data.masking=static",
+        f"data.dupe_factor={2 if objective == 'nsp' else 1}",
+        f"data.tokenizer={prepared.path / 'tokenizer'}",
+    )
+    one = prep.prepare(_cfg(tmp_path / "one", corpus, *extra, "data.num_proc=1"))
+    assert not cut  # one process: no pool, nothing cut
+    two = prep.prepare(_cfg(tmp_path / "two", corpus, *extra, "data.num_proc=2"))
+    st1, st2 = (json.loads((p / "stats.json").read_text()) for p in (one, two))
+    assert st1["per_split"]["train"]["blocks"] == 1 and len(cut) >= 4
+    a, b = _rows(one), _rows(two)
+    for split in a:
+        assert a[split].num_rows > 0 and a[split].equals(b[split]), split
+    for split in ("train", "validation"):  # the pieces' counts summed into the block's
+        s1, s2 = (dict(st["per_split"][split]) for st in (st1, st2))
+        assert set(s1.pop("cpu_seconds")) == set(s2.pop("cpu_seconds"))
+        assert s1 == s2
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_work_units_cut_only_large_blocks_into_whole_documents(seed):
+    rng = np.random.default_rng(seed)
+    n_blocks = int(rng.integers(1, 12))
+    sizes = rng.integers(1, 40, size=n_blocks)
+    chars = rng.integers(1, 5000, size=int(sizes.sum())) if seed % 3 else np.full(int(sizes.sum()), 100)
+    ids = np.split(np.arange(int(sizes.sum())), np.cumsum(sizes)[:-1])
+    blocks = {0: ids[:-1], 1: ids[-1:]} if n_blocks > 1 else {0: ids, 1: []}
+    keys = [(s, b) for s in (0, 1) for b in range(len(blocks[s]))]
+    costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
+    num_proc = int(rng.integers(2, 5))
+    units = prep._work_units(blocks, keys, costs, num_proc, chars)
+    assert [u[0] for u in units] == sorted((u[0] for u in units), reverse=True)  # longest first
+    target = sum(costs) / (prep._PIECES_PER_WORKER * num_proc)
+    for key, cost in zip(keys, costs, strict=True):
+        mine = sorted((u for u in units if u[1] == key), key=lambda u: u[2] or 0)
+        if mine[0][2] is None:  # whole: small enough, or a single document
+            assert len(mine) == 1 and (cost <= target or len(blocks[key[0]][key[1]]) == 1)
+            continue
+        assert cost > target and [u[2] for u in mine] == list(range(len(mine))) and len(mine) >= 2
+        assert np.array_equal(np.concatenate([u[3] for u in mine]), blocks[key[0]][key[1]])
+        assert sum(u[0] for u in mine) == cost and all(len(u[3]) for u in mine)
+    many = [np.arange(i * 10, i * 10 + 10) for i in range(40)]  # 40 equal blocks for 2 workers
+    even = np.full(400, 50)
+    whole = prep._work_units({0: many, 1: []}, [(0, b) for b in range(40)], [500] * 40, 2, even)
+    assert all(u[2] is None for u in whole)
+
+
 def test_static_masking_statistics(tmp_path, corpus):
     path = prep.prepare(_cfg(tmp_path, corpus, "data.masking=static", "data.dupe_factor=3"))
     pd = prep.load_prepared(path)
@@ -436,12 +498,12 @@ def _failing_block(monkeypatch, how):
     is inherited)."""
     real = prep._BlockPairer.__call__
 
-    def call(self, split, block, doc_ids):
+    def call(self, split, block, doc_ids, parts=None):
         if (split, block) == (0, 1):
             if how == "raise":
                 raise DataError("block 1 is broken")
             os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
-        return real(self, split, block, doc_ids)
+        return real(self, split, block, doc_ids, parts)
 
     monkeypatch.setattr(prep._BlockPairer, "__call__", call)
 
@@ -464,11 +526,11 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
     log = tmp_path / "started.txt"
     real = prep._BlockPairer.__call__
 
-    def call(self, split, block, doc_ids):
+    def call(self, split, block, doc_ids, parts=None):
         chars = sum(map(len, prep.take_texts(self.docs.data.table, doc_ids)))
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"{chars}\n")
-        return real(self, split, block, doc_ids)
+        return real(self, split, block, doc_ids, parts)
 
     monkeypatch.setattr(prep._BlockPairer, "__call__", call)
     cfg = _pooled_cfg(tmp_path, corpus, prepared)
