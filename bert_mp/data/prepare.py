@@ -540,6 +540,7 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     """
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     from datasets import Dataset, concatenate_datasets
     from tqdm.auto import tqdm
@@ -579,7 +580,14 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
                 except BaseException:  # an interruption: end the readers now, not when they finish
                     _stop_pool(pool)
                     raise
-                parts = [f.result() for f in futures]  # the first failing run (in file order) raises
+                try:
+                    parts = [f.result() for f in futures]  # the first failing run (in file order) raises
+                except BrokenProcessPool:
+                    raise DataError(
+                        f"a reader process ended abruptly (killed, e.g. by the out-of-memory killer) while "
+                        f"reading {describe_source(data)} with data.num_proc={data.num_proc}; "
+                        "data.num_proc=1 reads in this process"
+                    ) from None
             bar.update(counter.value - bar.n)
     stats = merge_read_stats([resolved, *parts])
     if stats.documents_kept == 0:

@@ -482,6 +482,28 @@ def test_parallel_read_error_names_the_file(tmp_path, prepared):
     assert not any((tmp_path / "cache").glob(".tmp-*"))  # nothing half-built left behind
 
 
+@pytest.mark.skipif(
+    __import__("multiprocessing").get_start_method() != "fork", reason="the patch reaches forked readers only"
+)
+def test_a_reader_process_that_dies_ends_prepare_with_a_data_error(tmp_path, monkeypatch, prepared):
+    real = prep._arrow_stream
+
+    def stream(path, schema):  # the first reader dies as it opens its output (forked: inherited)
+        if Path(path).name == "part-00000.arrow":
+            os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
+        return real(path, schema)
+
+    monkeypatch.setattr(prep, "_arrow_stream", stream)
+    monkeypatch.setattr(prep, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
+    folder = _multi_file_corpus(tmp_path / "many")
+    cfg = _cfg(tmp_path, folder, f"data.tokenizer={prepared.path / 'tokenizer'}", "data.num_proc=2")
+    with pytest.raises(
+        DataError, match="a reader process ended abruptly.*data.num_proc=1 reads in this process"
+    ):
+        prep.prepare(cfg)
+    assert not any((tmp_path / "cache").glob(".tmp-*"))  # nothing half-built left behind
+
+
 def _pooled_cfg(tmp_path, corpus, prepared):
     """Small blocks through a pool of two pairing workers, with a fixed tokenizer."""
     return _cfg(
