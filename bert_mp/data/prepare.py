@@ -724,12 +724,13 @@ def _work_units(
     for key, cost in zip(keys, costs, strict=True):
         doc_ids = blocks[key[0]][key[1]]
         n = min(len(doc_ids), math.ceil(cost / target))
-        if n <= 1:
-            units.append((cost, key, None, None))
-            continue
         run = np.cumsum(chars[doc_ids])
         cuts = np.unique(np.searchsorted(run, run[-1] * np.arange(1, n) / n) + 1)
-        for j, ids in enumerate(np.split(doc_ids, cuts[(cuts > 0) & (cuts < len(doc_ids))])):
+        pieces = np.split(doc_ids, cuts[(cuts > 0) & (cuts < len(doc_ids))])
+        if len(pieces) <= 1:  # small enough, one document, or one document holds nearly all of it
+            units.append((cost, key, None, None))
+            continue
+        for j, ids in enumerate(pieces):
             units.append((int(chars[ids].sum()), key, j, ids))
     return sorted(units, key=lambda u: (-u[0], u[1], u[2] or 0))
 
