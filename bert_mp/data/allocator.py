@@ -30,6 +30,9 @@ TRIM_THRESHOLD = 1 << 30
 TOP_PAD = 64 << 20
 """Extra heap asked of the kernel at each growth (used pages only count as resident)."""
 
+TUNED = {M_MMAP_THRESHOLD: MMAP_THRESHOLD, M_TRIM_THRESHOLD: TRIM_THRESHOLD, M_TOP_PAD: TOP_PAD}
+"""Set by :func:`tuned` while prepare builds."""
+
 SETTLED = {M_MMAP_THRESHOLD: MMAP_THRESHOLD, M_TRIM_THRESHOLD: 2 * MMAP_THRESHOLD, M_TOP_PAD: 128 << 10}
 """Left in place after :func:`tuned`: the thresholds glibc's own dynamic rule reaches once a
 buffer of ``MMAP_THRESHOLD`` has been freed (trim = twice the mmap threshold), the default pad."""
@@ -55,28 +58,20 @@ def available() -> bool:
     return _libc() is not None
 
 
-def apply(settings: dict[int, int]) -> bool:
-    """``mallopt`` each setting; False (nothing changed) where this is not glibc or the user set
-    malloc options of their own."""
-    libc = _libc()
-    if libc is None:
-        return False
+def _set(libc: ctypes.CDLL, settings: dict[int, int]) -> bool:
+    """``mallopt`` each setting; whether glibc took every one."""
     return all(libc.mallopt(param, value) == 1 for param, value in settings.items())
-
-
-TUNED = {M_MMAP_THRESHOLD: MMAP_THRESHOLD, M_TRIM_THRESHOLD: TRIM_THRESHOLD, M_TOP_PAD: TOP_PAD}
 
 
 @contextlib.contextmanager
 def tuned() -> Iterator[bool]:
     """:data:`TUNED` while the block runs (worker processes forked inside inherit it); then
     :data:`SETTLED` and the free heap handed back (``malloc_trim``). Yields whether it applied."""
-    applied = apply(TUNED)
+    libc = _libc()
+    applied = libc is not None and _set(libc, TUNED)
     try:
         yield applied
     finally:
         if applied:
-            apply(SETTLED)
-            libc = _libc()
-            if libc is not None:
-                libc.malloc_trim(0)
+            _set(libc, SETTLED)
+            libc.malloc_trim(0)

@@ -724,9 +724,11 @@ def _work_units(
     for key, cost in zip(keys, costs, strict=True):
         doc_ids = blocks[key[0]][key[1]]
         n = min(len(doc_ids), math.ceil(cost / target))
-        run = np.cumsum(chars[doc_ids])
-        cuts = np.unique(np.searchsorted(run, run[-1] * np.arange(1, n) / n) + 1)
-        pieces = np.split(doc_ids, cuts[(cuts > 0) & (cuts < len(doc_ids))])
+        pieces = [doc_ids]
+        if n > 1:  # (most blocks of a large corpus are not: no per-document work for them)
+            run = np.cumsum(chars[doc_ids])
+            cuts = np.unique(np.searchsorted(run, run[-1] * np.arange(1, n) / n) + 1)
+            pieces = np.split(doc_ids, cuts[(cuts > 0) & (cuts < len(doc_ids))])
         if len(pieces) <= 1:  # small enough, one document, or one document holds nearly all of it
             units.append((cost, key, None, None))
             continue

@@ -31,11 +31,13 @@ def test_tuned_applies_and_settles(monkeypatch):
     for var in allocator._USER_VARS:
         monkeypatch.delenv(var, raising=False)
     calls = []
-    real = allocator.apply
-    monkeypatch.setattr(allocator, "apply", lambda settings: calls.append(settings) or real(settings))
+    real = allocator._set
+    monkeypatch.setattr(
+        allocator, "_set", lambda libc, settings: calls.append(settings) or real(libc, settings)
+    )
     with allocator.tuned() as applied:
         assert applied is True
         big = bytearray(8 << 20)  # below the 32 MiB threshold: from the heap, and given back below
         del big
     assert calls == [allocator.TUNED, allocator.SETTLED]
-    assert real(allocator.SETTLED)  # glibc takes every value (mallopt returns 1 for each)
+    assert real(allocator._libc(), allocator.SETTLED)  # glibc takes every value (mallopt returns 1 for each)
