@@ -13,20 +13,19 @@ import codecs
 import csv
 import glob
 import json
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from bert_mp.core.config import DataConfig
+from bert_mp.data.whitespace import BLANK_LINES_RE
 from bert_mp.errors import DataError
 
 MAX_DOCUMENT_CHARS = 16 * 1024 * 1024
 """A text-file document without blank lines is cut here, so memory stays bounded."""
 
 _READ_CHUNK = 4 * 1024 * 1024
-_BLANK_LINE = re.compile(r"\n(?:[ \t\f\v]*\n)+")
 _ERROR_HANDLER = "bert_mp_count_replace"
 _replaced = [0]
 
@@ -161,8 +160,9 @@ def _decode_error(path: Path, e: UnicodeDecodeError, where: str = "") -> DataErr
 
 def _read_text_file(path: Path, cfg: DataConfig, stats: ReadStats) -> Iterator[str]:
     """Documents of a text file (``cfg.documents``): the text between blank lines (``blank_line``,
-    ``line``) or the whole file (``file``); CRLF and CR become LF. A document longer than
-    MAX_DOCUMENT_CHARS is cut at a line break, so memory stays bounded."""
+    ``line``; a blank line as :mod:`bert_mp.data.whitespace` defines it) or the whole file
+    (``file``); CRLF and CR become LF. A document longer than MAX_DOCUMENT_CHARS is cut at a line
+    break, so memory stays bounded."""
     whole = cfg.documents == "file"
     decoder = _decoder(cfg)
     carry = ""
@@ -183,7 +183,7 @@ def _read_text_file(path: Path, cfg: DataConfig, stats: ReadStats) -> Iterator[s
                 parts = [buf]
                 carry = "" if final else parts.pop()
             else:
-                parts = _BLANK_LINE.split(buf)
+                parts = BLANK_LINES_RE.split(buf)
                 carry = "" if final else parts.pop()
             yield from (p for p in parts if p)  # "" only before the first / after the last blank line
             while len(carry) > MAX_DOCUMENT_CHARS:

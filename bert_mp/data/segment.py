@@ -3,7 +3,7 @@
 The built-in ``rule`` splitter is one regular-expression pass: a sentence ends at ``.``, ``!`` or
 ``?`` (optionally followed by a closing quote or bracket) before whitespace and an upper-case
 letter, digit or opening quote - unless the punctuation ends a common abbreviation - and at every
-blank line.
+blank line (a line holding only whitespace, Unicode spaces included: :mod:`bert_mp.data.whitespace`).
 
 Two forms of the same boundaries: :func:`split_sentences` returns the sentences (tests, small
 inputs); :func:`build_marker` rewrites a document so that a marker stands at every boundary.
@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bert_mp.data.whitespace import BLANK_LINES_RE, LINE_SPACE
 from bert_mp.errors import DataError
 
 _ABBREVIATIONS = (
@@ -42,7 +43,7 @@ _SENTENCE_END = (
     + "".join(rf"(?<!\b(?:{'|'.join(v)})\.)" for _, v in sorted(_ABBREVIATIONS_BY_LENGTH.items()))
     + r"\s+"
 )
-_BLANK = r"\n[ \t]*\n\s*"
+_BLANK = rf"\n{LINE_SPACE}*\n\s*"
 _BOUNDARY = re.compile(_SENTENCE_END + "|" + _BLANK)
 # The same boundaries in two passes (used to mark): a pattern that starts with a character class
 # is scanned for it at C speed, the alternation is not - half the time per document. Equal to one
@@ -188,7 +189,7 @@ def build_splitter(name: str, max_chars: int = 2048) -> Splitter:
     if name == "rule":
         return lambda text: split_sentences(text, max_chars)
     split = _optional_splitter(name)
-    return lambda text: _finish([s for para in re.split(r"\n[ \t]*\n", text) for s in split(para)], max_chars)
+    return lambda text: _finish([s for para in BLANK_LINES_RE.split(text) for s in split(para)], max_chars)
 
 
 def build_marker(name: str) -> Marker:
