@@ -56,14 +56,17 @@ from bert_mp.data.segment import (
     flatten_ids,
     mark_documents,
     mark_lines,
+    marked_pieces,
     split_marked_tokens,
 )
 from bert_mp.data.tokenizer import (
+    count_special_token_texts,
     encoder,
     inline_markers,
     load_tokenizer,
     round_vocab_size,
     save_tokenizer,
+    special_token_texts,
     train_wordpiece,
 )
 from bert_mp.errors import DataError, Interrupted
@@ -243,6 +246,7 @@ class _BlockPairer:
         self.lines = data.documents == "line"
         self.mark = mark_lines if self.lines else build_marker(data.sentence_splitter)
         self.sep_token = tokenizer.sep_token
+        self.specials = special_token_texts(self.encoder)
         self.inline = inline_markers(tokenizer, self.encoder)
         # the marker id of each choice (_choose_markers): the inline markers', then [SEP]'s
         self.marker_id_of = np.array([m for _, m in self.inline] + [self.sep_id], dtype=np.int32)
@@ -253,6 +257,10 @@ class _BlockPairer:
         self.seed, self.dupe_factor = data.seed, data.dupe_factor
         self.schema = _empty_table(self.spec is not None, self.nsp).schema
         self.tokenize_stage = "mark_and_tokenize" if self.nsp else "tokenize"
+
+    def __setstate__(self, state: dict) -> None:  # a pairer sent to a spawned worker
+        self.__dict__.update(state)
+        self.encoder.encode_special_tokens = True  # not part of a pickled Tokenizer
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         enc = self.encoder.encode_batch_fast
@@ -276,39 +284,73 @@ class _BlockPairer:
         of :func:`~bert_mp.data.segment.flatten_ids`), and each document's marker id.
 
         Sentence boundaries become marker tokens: the first inline punctuation marker that the
-        document does not contain, where the tokenizer allows one, and [SEP] otherwise.
+        document does not contain, where the tokenizer allows one; otherwise the document takes the
+        [SEP] form (:meth:`_sep_form`).
         """
-        n = len(texts)
+        sep_kind = len(self.inline)
         choice = self._choose_markers(texts)
-        kinds = np.unique(choice)
-        if kinds.size == 1:
-            marked, counts = self._mark(texts, self._marker_text(int(kinds[0])))
-        else:
-            marked, counts = [""] * n, [0] * n
-            for k in kinds.tolist():
-                idx = np.flatnonzero(choice == k).tolist()
-                mk, ct = self._mark([texts[i] for i in idx], self._marker_text(k))
-                for i, a, b in zip(idx, mk, ct, strict=True):
-                    marked[i], counts[i] = a, b
-        flat, doc_lens = flatten_ids(self._encode(marked))
-        del marked
         marker_ids = self.marker_id_of[choice]
-        inline = choice < len(self.inline)
-        if inline.any():
+        redo = choice == sep_kind
+        if redo.all():
+            flat, doc_lens = flatten_ids(self._sep_form(texts))
+        else:
+            marked, counts = self._mark_inline(texts, choice)
+            flat, doc_lens = flatten_ids(self._encode(marked))
+            del marked
             # Every inline marker must come back as exactly one marker id; a document where the
-            # count differs (a normalizer that makes or eats the character) is redone with [SEP].
-            found = count_markers(flat, doc_lens, marker_ids)
-            redo = np.flatnonzero(inline & (found != np.asarray(counts, dtype=np.int64))).tolist()
-            if redo:
+            # count differs (a normalizer that makes or eats the character) takes the [SEP] form.
+            redo |= count_markers(flat, doc_lens, marker_ids) != counts
+            if redo.any():
                 ids = np.split(flat, np.cumsum(doc_lens)[:-1])
-                again = [self.mark(texts[i], self.sep_token)[0] for i in redo]
-                for i, x in zip(redo, self._encode(again), strict=True):
+                idx = np.flatnonzero(redo).tolist()
+                for i, x in zip(idx, self._sep_form([texts[i] for i in idx]), strict=True):
                     ids[i] = np.asarray(x, dtype=np.int32)
-                    marker_ids[i] = self.sep_id
                 doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                 flat = np.concatenate(ids)
-        st["sep_marked_documents"] = int((marker_ids == self.sep_id).sum())
+        marker_ids[redo] = self.sep_id
+        st["sep_marked_documents"] = int(redo.sum())
         return (flat, doc_lens), marker_ids
+
+    def _mark_inline(self, texts: list[str], choice: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Each document marked with its inline marker (``choice``), and its marker count; "" and 0
+        for the documents that take the [SEP] form."""
+        n, sep_kind = len(texts), len(self.inline)
+        kinds = np.unique(choice).tolist()
+        if kinds == [0]:  # most blocks: every document takes the first marker
+            marked, counts = self._mark(texts, self.inline[0][0])
+            return marked, np.asarray(counts, dtype=np.int64)
+        marked, counts = [""] * n, np.zeros(n, dtype=np.int64)
+        for k in kinds:
+            if k == sep_kind:
+                continue
+            idx = np.flatnonzero(choice == k).tolist()
+            mk, ct = self._mark([texts[i] for i in idx], self.inline[k][0])
+            for i, a in zip(idx, mk, strict=True):
+                marked[i] = a
+            counts[idx] = ct
+        return marked, counts
+
+    def _sep_form(self, texts: list[str]) -> list[list[int]]:
+        """Each document's ids with [SEP]'s id after every sentence, as if each sentence were
+        encoded alone. A document that holds no special token's text is marked with the [SEP]
+        token and encoded whole, the tokenizer finding the [SEP]s (one input per document); one
+        that holds some (a ``[SEP]`` or ``[MASK]`` written in the corpus) is cut into its sentences
+        here and each is encoded alone, so that text stays text."""
+        plain = [not any(s in t for s in self.specials) for t in texts]
+        out: list[list[int]] = [[] for _ in texts]
+        idx = [i for i, p in enumerate(plain) if p]
+        if idx:
+            marked, _ = self._mark([texts[i] for i in idx], self.sep_token)
+            self.encoder.encode_special_tokens = False  # find the [SEP]s just marked
+            try:
+                for i, ids in zip(idx, self._encode(marked), strict=True):
+                    out[i] = ids
+            finally:
+                self.encoder.encode_special_tokens = True
+        for i in (i for i, p in enumerate(plain) if not p):
+            flat, lens = flatten_ids(self._encode(marked_pieces(texts[i], self.mark)))
+            out[i] = np.insert(flat, np.cumsum(lens), self.sep_id).tolist()
+        return out
 
     def _choose_markers(self, texts: list[str]) -> np.ndarray:
         """Each document's marker: an index into ``self.inline``, ``len(self.inline)`` for [SEP]."""
@@ -321,9 +363,6 @@ class _BlockPairer:
             choice[i] = next((k for k, (c, _) in enumerate(self.inline) if c not in t), len(self.inline))
         return choice
 
-    def _marker_text(self, kind: int) -> str:
-        return self.inline[kind][0] if kind < len(self.inline) else self.sep_token
-
     def tokens(self, split: int, block: int, doc_ids: np.ndarray) -> tuple[Tokens, dict]:
         """The encoding half of a block (or of a part of one: documents are encoded independently,
         so parts concatenated in order are the whole block's :class:`Tokens`), and its statistics."""
@@ -331,6 +370,8 @@ class _BlockPairer:
         t0 = time.process_time()  # CPU time of this worker, per stage
         texts = take_texts(self.docs.data.table, doc_ids)
         t1 = time.process_time()
+        # special tokens written in the text, tokenized as text (tokenizer.encoder), counted
+        st["special_tokens_in_text"] = count_special_token_texts(texts, self.specials)
         if self.nsp:
             (flat, doc_lens), marker_ids = self._sentence_tokens(texts, st)
         else:
@@ -643,17 +684,31 @@ def _sum_block_stats(blocks: list[dict]) -> dict:
     return total
 
 
-_TOKENIZER_INPUTS = (
-    "source", "paths", "text_column", "hub_name", "hub_config", "hub_split", "encoding_errors", "max_documents",
-    "validation_fraction", "seed", "vocab_size", "lowercase",
-)  # fmt: skip
+def training_text_digest(table: pa.Table, train_ids: np.ndarray) -> str:
+    """sha256 of what WordPiece training reads: the text and length of every document in corpus
+    order (the ``text`` column's Arrow buffers, hashed as they are: no Python work per document,
+    ~2 GB/s) and which of them are training documents (``train_ids``)."""
+    text, lengths = hashlib.sha256(), []
+    for chunk in table.column("text").chunks:
+        kind = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=kind)[chunk.offset : chunk.offset + len(chunk) + 1]
+        if len(chunk):
+            text.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
+        lengths.append(np.diff(offsets).astype("<i8"))
+    parts = {
+        "text": text.hexdigest(),
+        "lengths": hashlib.sha256(np.concatenate(lengths).tobytes()).hexdigest(),
+        "train": hashlib.sha256(np.asarray(train_ids, dtype="<i8").tobytes()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def tokenizer_cache_path(data: DataConfig) -> Path:
-    """Where a tokenizer trained for this corpus is kept, shared by every data config that trains
-    on the same documents with the same vocabulary settings (WordPiece training itself is not
-    reproducible run to run - huggingface/tokenizers#1794 - so reuse keeps vocabularies equal)."""
-    inputs = {k: getattr(data, k) for k in _TOKENIZER_INPUTS}
+def tokenizer_cache_path(data: DataConfig, text_digest: str) -> Path:
+    """Where a tokenizer trained for this config is kept: keyed by its training text
+    (:func:`training_text_digest`) and vocabulary settings, so every data config whose training
+    documents are the same bytes shares it, and no other does. (WordPiece training itself is not
+    reproducible run to run - huggingface/tokenizers#1794 - so reuse keeps vocabularies equal.)"""
+    inputs = {"text": text_digest, "vocab_size": data.vocab_size, "lowercase": data.lowercase}
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     return Path(data.cache_dir) / "tokenizers" / key
 
@@ -852,22 +907,24 @@ def _join_block_files(files: list[Path], out: Path, schema: pa.Schema) -> None:
             path.unlink()
 
 
-def _tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: bool) -> Any:
+def _tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: bool) -> tuple[Any, str]:
     """``data.tokenizer`` loaded, or a WordPiece tokenizer trained on the training documents (kept
-    and reused across data configs that read the same documents: :func:`tokenizer_cache_path`)."""
+    and reused by every data config with the same training text: :func:`tokenizer_cache_path`);
+    and where it came from, for ``stats.json``."""
     if data.tokenizer:
-        return load_tokenizer(data.tokenizer, data.max_seq_length)
+        return load_tokenizer(data.tokenizer, data.max_seq_length), data.tokenizer
 
     def train_texts():
         for lo in range(0, len(train_ids), 1000):
             yield from take_texts(docs.data.table, train_ids[lo : lo + 1000])
 
-    shared = tokenizer_cache_path(data)
+    shared = tokenizer_cache_path(data, training_text_digest(docs.data.table, train_ids))
+    where = f"trained WordPiece (kept in {shared})"
     if (shared / "tokenizer.json").is_file() and not force:
-        return load_tokenizer(str(shared), data.max_seq_length)
+        return load_tokenizer(str(shared), data.max_seq_length), where
     tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
     _publish_tokenizer(tokenizer, shared)
-    return tokenizer
+    return tokenizer, where
 
 
 def _build(cfg: Config, out: Path, force: bool = False) -> dict:
@@ -906,7 +963,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
 
     t = time.perf_counter()
-    tokenizer = _tokenizer_for(data, docs, split_docs[0], force)
+    tokenizer, tokenizer_from = _tokenizer_for(data, docs, split_docs[0], force)
     timings["tokenizer"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -932,7 +989,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     timings["write"] = time.perf_counter() - t
 
     stats = _collect_stats(
-        data, dd, tokenizer, read_stats, block_stats, timings, time.perf_counter() - t_start
+        data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, time.perf_counter() - t_start
     )
     shutil.rmtree(work, ignore_errors=True)
     return stats
@@ -962,7 +1019,7 @@ def _masking_stats(m: dict) -> dict:
     }
 
 
-def _collect_stats(data, dd, tokenizer, read_stats, block_stats, timings, elapsed) -> dict:
+def _collect_stats(data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, elapsed) -> dict:
     nsp = data.objective == "nsp"
     per_split = {}
     for s, name in enumerate(SPLITS):
@@ -991,9 +1048,14 @@ def _collect_stats(data, dd, tokenizer, read_stats, block_stats, timings, elapse
             )
         entry["tokens"] = int(blk.get("tokens", 0))
         entry["example_tokens"] = example_tokens
+        # special tokens' text (a [SEP] or [MASK] written in the corpus), tokenized as text
+        entry["special_tokens_in_text"] = dict(sorted(blk.get("special_tokens_in_text", {}).items()))
         if nsp:
             entry["nsp"] = _nsp_stats(blk, examples, random_next)
             entry["truncated_tokens"] = int(blk.get("truncated_tokens", 0))
+            # of the tokens that dupe_factor passes over the split's sentences hold
+            passes = entry["tokens"] * data.dupe_factor
+            entry["truncated_share"] = entry["truncated_tokens"] / passes if passes else None
         else:
             entry["nsp"] = None
             # [SEP] tokens put between consecutive documents of a block when packing
@@ -1015,10 +1077,11 @@ def _collect_stats(data, dd, tokenizer, read_stats, block_stats, timings, elapse
     return {
         "source": describe_source(data),
         "cache_key": data.cache_key(),
-        "tokenizer": data.tokenizer or f"trained WordPiece (kept in {tokenizer_cache_path(data)})",
+        "tokenizer": tokenizer_from,
         "tokenizer_size": len(tokenizer),
         "model_vocab_size": round_vocab_size(len(tokenizer)),
         "max_seq_length": data.max_seq_length,
+        "dupe_factor": data.dupe_factor,
         "objective": data.objective,
         "documents_mode": data.documents,
         "masking": data.masking,
@@ -1034,17 +1097,62 @@ def _collect_stats(data, dd, tokenizer, read_stats, block_stats, timings, elapse
     }
 
 
+FEW_VALIDATION_DOCUMENTS = 10
+"""A validation split of fewer documents is flagged: its NSP and MLM figures say little."""
+
+
+def _nsp_share_off(split: dict, data: DataConfig) -> bool:
+    """Whether the split's NSP random share is more than 0.05 off ``data.nsp_random_prob``."""
+    share = split["nsp"]["random_share"] if split["nsp"] else None
+    return share is not None and abs(share - data.nsp_random_prob) > 0.05 + 1e-9
+
+
+def _nsp_share_warning(split: dict, name: str, data: DataConfig) -> str | None:
+    """A warning when the split's NSP random share is off its target, with the reason and the fix."""
+    if not _nsp_share_off(split, data):
+        return None
+    share, lo, hi = split["nsp"]["random_share"], data.nsp_random_prob - 0.05, data.nsp_random_prob + 0.05
+    why = ""
+    if split["nsp"]["no_other_document"] or split["nsp"]["skipped_single_segment"]:
+        why = " (a block holds a single document, so a random B was impossible; add documents)"
+    elif split["nsp"]["forced_random"] > 0.5 * split["examples"]:
+        fix = "use longer documents"
+        if data.source == "text" and data.documents == "blank_line":
+            fix = "data.documents=file reads each file as one document, or use longer documents"
+        why = f" (most chunks are single sentences, which force a random B; {fix})"
+    return f"NSP random share {share:.3f} ({name}) is outside {max(0, lo):.2f}-{min(1, hi):.2f}{why}"
+
+
+def _validation_warning(stats: dict, data: DataConfig) -> str | None:
+    """A warning when a validation split was asked for but is too small to evaluate NSP or MLM."""
+    val = stats["per_split"]["validation"]
+    if data.validation_fraction == 0:
+        return None
+    problems = []
+    if val["documents"] < FEW_VALIDATION_DOCUMENTS:
+        problems.append(f"{val['documents']} document{'s' * (val['documents'] != 1)}")
+    if val["examples"] == 0:
+        problems.append("0 examples")
+    if not problems:
+        return _nsp_share_warning(val, "validation", data)
+    if _nsp_share_off(val, data):
+        problems.append(f"NSP random share {val['nsp']['random_share']:.3f}")
+    return (
+        f"the validation split is too small to evaluate {'NSP or ' if val['nsp'] else ''}MLM meaningfully "
+        f"({', '.join(problems)}); raise data.validation_fraction (now {data.validation_fraction}, at most "
+        "0.5) or add documents"
+    )
+
+
 def _warnings(stats: dict, data: DataConfig) -> list[str]:
-    out = []
-    train = stats["per_split"]["train"]
-    share = train["nsp"]["random_share"] if train["nsp"] else None
-    if share is not None and not 0.45 <= share <= 0.55:
-        why = ""
-        if train["nsp"]["no_other_document"] or train["nsp"]["skipped_single_segment"]:
-            why = " (a block holds a single document, so a random B was impossible; add documents)"
-        elif train["nsp"]["forced_random"] > 0.5 * train["examples"]:
-            why = " (most chunks are single sentences, which force a random B; use longer documents)"
-        out.append(f"NSP random share {share:.3f} is outside 0.45-0.55{why}")
+    out = [
+        w
+        for w in (
+            _nsp_share_warning(stats["per_split"]["train"], "train", data),
+            _validation_warning(stats, data),
+        )
+        if w
+    ]
     d = stats["documents"]
     if d["invalid_utf8_replaced"]:
         out.append(f"{d['invalid_utf8_replaced']} invalid UTF-8 sequences were replaced with U+FFFD")
@@ -1063,6 +1171,19 @@ def _warnings(stats: dict, data: DataConfig) -> list[str]:
     if cap:
         out.append(cap)
     return out
+
+
+def _truncation_line(stats: dict) -> str:
+    """The summary's line on the tokens NSP pairs lost to fit ``max_seq_length``, with their share."""
+    splits = stats["per_split"].values()
+    cut, tokens = sum(v["truncated_tokens"] for v in splits), sum(v["tokens"] for v in splits)
+    dupe = stats["dupe_factor"]
+    share = cut / (tokens * dupe) if tokens else 0.0
+    of = f"{dupe} passes (data.dupe_factor) over " if dupe > 1 else ""
+    return (
+        f"  truncated: {cut} tokens cut from pairs to fit max_seq_length {stats['max_seq_length']}, "
+        f"{share:.1%} of {of}the corpus's {tokens} tokens"
+    )
 
 
 def print_summary(stats: dict, path: Path) -> None:
@@ -1086,8 +1207,13 @@ def print_summary(stats: dict, path: Path) -> None:
             f"  NSP random share (train): {train['nsp']['random_share'] or 0:.3f} "
             f"({train['nsp']['forced_random']} forced by one-segment chunks)"
         )
+        lines.append(_truncation_line(stats))
     else:
         lines.append("  objective mlm: packed sequences, no NSP labels (the NSP loss is not trained)")
+    written = _sum_block_stats([v["special_tokens_in_text"] for v in stats["per_split"].values()])
+    if written:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(written.items()))
+        lines.append(f"  special tokens written in the text (tokenized as text, not as specials): {counts}")
     if "masking" in train:
         m = train["masking"]
         lines.append(

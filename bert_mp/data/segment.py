@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -160,6 +160,30 @@ def mark_lines(text: str, marker: str) -> tuple[str, int]:
     """
     stripped = text.strip()
     return stripped.replace("\n", marker) + marker, stripped.count("\n") + 1
+
+
+def _unused_characters() -> Iterator[str]:
+    yield "\x00"
+    for lo, hi in ((0xE000, 0xF900), (0xF0000, 0xFFFFE), (0x100000, 0x10FFFE)):  # private use
+        yield from map(chr, range(lo, hi))
+
+
+def unused_character(text: str) -> str:
+    """A character that ``text`` does not contain: NUL, or else the first free private-use one."""
+    for c in _unused_characters():
+        if c not in text:
+            return c
+    raise DataError("a document holds NUL and every private-use character; bert_mp cannot mark its sentences")
+
+
+def marked_pieces(text: str, mark: Marker) -> list[str]:
+    """The sentences of ``text`` as ``mark`` marks them: the pieces between its markers, untouched
+    (not stripped, empty ones kept), so encoding them one by one gives what the marked text gives."""
+    delimiter = unused_character(text)
+    marked, n = mark(text, delimiter)
+    pieces = marked.split(delimiter)
+    assert len(pieces) == n + 1 and pieces[-1] == "", "a marker does not end every marked sentence"
+    return pieces[:-1]
 
 
 def _optional_splitter(name: str) -> Callable[[str], list[str]]:

@@ -81,13 +81,30 @@ def load_tokenizer(name_or_path: str, max_seq_length: int | None = None) -> Any:
 
 
 def encoder(tokenizer: Any) -> Any:
-    """A copy of the Rust tokenizer with truncation and padding off, for ``encode_batch_fast``."""
+    """A copy of the Rust tokenizer for raw text, for ``encode_batch_fast``: truncation and padding
+    off, and special tokens written in the text (``[SEP]``, ``[MASK]``, ...) tokenized as the text
+    they are (``encode_special_tokens``), never as the special token: a ``[SEP]`` in a corpus is no
+    sentence or document boundary, a ``[MASK]`` no mask. The setting is not part of a pickled
+    ``Tokenizer``: set it again after unpickling (``prepare._BlockPairer`` does)."""
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_truncation()
     backend.no_padding()
+    backend.encode_special_tokens = True
     return backend
+
+
+def special_token_texts(enc: Any) -> list[str]:
+    """The text of every special token of the Rust tokenizer ``enc``, in id order."""
+    return [t.content for _, t in sorted(enc.get_added_tokens_decoder().items()) if t.special]
+
+
+def count_special_token_texts(texts: list[str], specials: list[str]) -> dict[str, int]:
+    """How often each special token's text occurs in ``texts`` (the ones that occur): what
+    :func:`encoder` tokenizes as text. One ``str.count`` per token over the joined texts."""
+    joined = "\x00".join(texts)  # NUL: no special token spans two texts
+    return {s: n for s in specials if (n := joined.count(s))}
 
 
 # Punctuation characters tried as inline sentence markers, rarest in prose first; a document takes
@@ -113,24 +130,26 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     """Punctuation characters that can stand in for ``[SEP]`` as prepare's sentence marker, with
     their ids, in the order prepare tries them; empty where none is proven equivalent.
 
-    The Rust tokenizer finds special tokens such as ``[SEP]`` in a pass of its own that cuts the
-    text and normalizes every piece separately (20-30% more encoding time on long documents). BERT's
-    pre-tokenizer isolates every punctuation character, so such a character does the same job
-    inline. A candidate is kept only where (1) the pre-tokenizer is ``BertPreTokenizer``, so the
-    words on either side are those of separately tokenized sentences; (2) the character alone
-    encodes to one known, non-special token; (3) on probe sentences the ids equal those of the
-    ``[SEP]`` form with that one id swapped. A document takes the first candidate it does not
-    contain (``[SEP]`` if it contains them all), and prepare checks the marker count of every
-    document (see ``prepare._BlockPairer``). ``enc``: the :func:`encoder` of ``tokenizer`` where
-    the caller has one (a copy costs ~10 ms).
+    The *[SEP] form* of a document is every sentence encoded alone with ``[SEP]``'s id after each
+    (one ``encode_batch_fast`` input per sentence, where the marked form is one per document; the
+    text itself cannot carry ``[SEP]``, since a ``[SEP]`` written in a corpus is tokenized as text:
+    :func:`encoder`). BERT's pre-tokenizer isolates every punctuation character, so such a character
+    marks the boundaries inline. A candidate is kept only where (1) the pre-tokenizer is
+    ``BertPreTokenizer``, so the words on either side are those of separately tokenized sentences;
+    (2) the character alone encodes to one known, non-special token; (3) on probe sentences the ids
+    equal those of the [SEP] form with that one id swapped. A document takes the first candidate it
+    does not contain (the [SEP] form if it contains them all), and prepare checks the marker count
+    of every document (see ``prepare._BlockPairer``). ``enc``: the :func:`encoder` of
+    ``tokenizer`` where the caller has one (a copy costs ~10 ms).
     """
     enc = encoder(tokenizer) if enc is None else enc
     if type(enc.pre_tokenizer).__name__ != "BertPreTokenizer":
         return []
-    sep, sep_id, unk_id = tokenizer.sep_token, tokenizer.sep_token_id, tokenizer.unk_token_id
+    sep_id, unk_id = tokenizer.sep_token_id, tokenizer.unk_token_id
     added = set(tokenizer.get_added_vocab())
     probes = list(zip(_MARKER_PROBES, _MARKER_PROBES[1:] + _MARKER_PROBES[:1], strict=True))
-    with_sep = enc.encode_batch([sep.join(s) + sep for s in probes], add_special_tokens=False)
+    alone = {e: enc.encode(e, add_special_tokens=False).ids for e in _MARKER_PROBES}
+    with_sep = [[*alone[a], sep_id, *alone[b], sep_id] for a, b in probes]  # the [SEP] form
     found = []
     for char in _INLINE_MARKER_CANDIDATES:
         ids = enc.encode(char, add_special_tokens=False).ids
@@ -139,7 +158,7 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
         mid = ids[0]
         inline = enc.encode_batch([char.join(s) + char for s in probes], add_special_tokens=False)
         if all(
-            [mid if i == sep_id else i for i in a.ids] == b.ids for a, b in zip(with_sep, inline, strict=True)
+            [mid if i == sep_id else i for i in a] == b.ids for a, b in zip(with_sep, inline, strict=True)
         ):
             found.append((char, mid))
     return found

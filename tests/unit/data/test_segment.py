@@ -171,3 +171,15 @@ def test_line_marking_takes_lines_as_sentences():
         "Dr. Smith arrived. He sat.|second line e.g. this|",
         2,
     )
+
+
+def test_unused_character_and_marked_pieces():
+    from bert_mp.data.segment import mark_lines, marked_pieces, unused_character
+
+    assert unused_character("plain text") == "\x00"
+    assert unused_character("nul \x00 and \ue000") == "\ue001"
+    text = "First one. Second [SEP] two!\n\nThird\x00 here"
+    pieces = marked_pieces(text, _mark_rule)
+    assert pieces == ["First one.", "Second [SEP] two!", "Third\x00 here"]
+    assert len(pieces) == _mark_rule(text, "|")[1]
+    assert marked_pieces(" a\n b \n", mark_lines) == ["a", " b"]

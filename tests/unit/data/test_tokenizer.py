@@ -7,11 +7,13 @@ from transformers import AutoTokenizer
 
 from bert_mp.data.tokenizer import (
     SPECIAL_TOKENS,
+    count_special_token_texts,
     encoder,
     inline_markers,
     load_tokenizer,
     round_vocab_size,
     save_tokenizer,
+    special_token_texts,
     train_wordpiece,
 )
 from bert_mp.errors import DataError
@@ -93,3 +95,19 @@ def test_inline_markers_only_where_proven():
     # A pre-tokenizer that does not isolate punctuation: never.
     with_pipe.backend_tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     assert inline_markers(with_pipe) == []
+
+
+def test_encoder_tokenizes_special_tokens_written_in_the_text_as_text(trained):
+    """A [SEP] or [MASK] in a corpus is text: it encodes as the lowercase words would, never to a
+    special id (the saved tokenizer itself still finds specials, as transformers expects)."""
+    enc = encoder(trained)
+    specials = set(trained.all_special_ids) - {trained.unk_token_id}  # "[" is not in this vocabulary
+    text = "the json [SEP] module [MASK] runs [CLS] and [PAD] [UNK]"
+    ids = enc.encode_batch_fast([text], add_special_tokens=False)[0].ids
+    assert not specials & set(ids)
+    assert ids == enc.encode(text.lower(), add_special_tokens=False).ids
+    assert trained.sep_token_id in trained(text, add_special_tokens=False)["input_ids"]
+    assert special_token_texts(enc) == SPECIAL_TOKENS
+    texts = ["a [SEP] b [SEP]", "[MASK]", "no special", "[SE", "P]"]  # no match across two texts
+    assert count_special_token_texts(texts, SPECIAL_TOKENS) == {"[SEP]": 2, "[MASK]": 1}
+    assert count_special_token_texts([], SPECIAL_TOKENS) == {}
