@@ -265,11 +265,11 @@ def _encode_file(path: str, whole_file: bool = False) -> tuple[int, float]:
     The file's documents as prepare reads them: the text between blank lines, or (``whole_file``,
     data.documents=file) the whole file as one input.
     """
-    from bert_mp.data.corpus import _BLANK_LINE
+    from bert_mp.data.whitespace import BLANK_LINES_RE
 
     c0 = time.process_time()
     text = Path(path).read_text(encoding="utf-8")
-    docs = [text] if whole_file else [d for d in _BLANK_LINE.split(text) if d.strip()]
+    docs = [text] if whole_file else [d for d in BLANK_LINES_RE.split(text) if d.strip()]
     tokens = 0
     for lo in range(0, len(docs), 256):
         encodings = _ENCODER.encode_batch_fast(docs[lo : lo + 256], add_special_tokens=False)

@@ -182,8 +182,8 @@ def _pairing_rng_key(seed: int, split: int, dupe: int, block: int) -> int:
     return (((seed % 2**64) << 16 | split) << 32 | dupe) << 64 | block
 
 
-def take_texts(table: pa.Table, ids: Any) -> list[str]:
-    """``table["text"]`` at the (ascending, clustered) row ``ids``.
+def take_column(table: pa.Table, ids: Any) -> pa.ChunkedArray:
+    """``table["text"]`` at the (ascending, clustered) row ``ids``, as Arrow strings.
 
     The rows are taken from a zero-copy slice spanning ``min(ids)..max(ids)``: ``Table.take`` on
     the whole memory-mapped column concatenates every chunk first, which copies the corpus on each
@@ -191,10 +191,15 @@ def take_texts(table: pa.Table, ids: Any) -> list[str]:
     """
     ids = np.asarray(ids, dtype=np.int64)
     if ids.size == 0:
-        return []
+        return pa.chunked_array([], pa.string())
     lo = int(ids.min())
     window = table.slice(lo, int(ids.max()) - lo + 1)
-    return window.take(pa.array(ids - lo)).column("text").to_pylist()
+    return window.take(pa.array(ids - lo)).column("text")
+
+
+def take_texts(table: pa.Table, ids: Any) -> list[str]:
+    """``table["text"]`` at the row ``ids``, as Python strings (:func:`take_column`)."""
+    return take_column(table, ids).to_pylist()
 
 
 def _empty_table(static: bool, nsp: bool = True) -> pa.Table:
@@ -368,10 +373,12 @@ class _BlockPairer:
         so parts concatenated in order are the whole block's :class:`Tokens`), and its statistics."""
         st: dict[str, Any] = {}
         t0 = time.process_time()  # CPU time of this worker, per stage
-        texts = take_texts(self.docs.data.table, doc_ids)
+        column = take_column(self.docs.data.table, doc_ids)
+        texts = column.to_pylist()
         t1 = time.process_time()
         # special tokens written in the text, tokenized as text (tokenizer.encoder), counted
-        st["special_tokens_in_text"] = count_special_token_texts(texts, self.specials)
+        st["special_tokens_in_text"] = count_special_token_texts(column, self.specials)
+        del column
         if self.nsp:
             (flat, doc_lens), marker_ids = self._sentence_tokens(texts, st)
         else:
@@ -689,15 +696,14 @@ def training_text_digest(table: pa.Table, train_ids: np.ndarray) -> str:
     order (the ``text`` column's Arrow buffers, hashed as they are: no Python work per document,
     ~2 GB/s) and which of them are training documents (``train_ids``)."""
     text, lengths = hashlib.sha256(), []
-    for chunk in table.column("text").chunks:
+    for chunk in (c for c in table.column("text").chunks if len(c)):
         kind = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
         offsets = np.frombuffer(chunk.buffers()[1], dtype=kind)[chunk.offset : chunk.offset + len(chunk) + 1]
-        if len(chunk):
-            text.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
+        text.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
         lengths.append(np.diff(offsets).astype("<i8"))
     parts = {
         "text": text.hexdigest(),
-        "lengths": hashlib.sha256(np.concatenate(lengths).tobytes()).hexdigest(),
+        "lengths": hashlib.sha256(np.concatenate([np.zeros(0, "<i8"), *lengths]).tobytes()).hexdigest(),
         "train": hashlib.sha256(np.asarray(train_ids, dtype="<i8").tobytes()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

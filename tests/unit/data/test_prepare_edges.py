@@ -142,6 +142,10 @@ def test_training_text_digest_is_the_texts_and_the_training_documents_only():
     assert prep.training_text_digest(_table(texts, 7), ids) == digest
     padded = _table(["x", *texts, "y"], 9).slice(1, 50)
     assert prep.training_text_digest(padded, ids) == digest
+    empty_chunk = pa.Table.from_batches([pa.RecordBatch.from_pydict({"text": pa.array([], pa.string())})])
+    assert prep.training_text_digest(pa.concat_tables([empty_chunk, _table(texts, 50)]), ids) == digest
+    large = _table(texts, 13).cast(pa.schema([("text", pa.large_string())]))
+    assert prep.training_text_digest(large, ids) == digest
     # the text, where one document ends, and which documents train do
     assert prep.training_text_digest(_table([*texts[:-1], "other"], 50), ids) != digest
     moved = [*texts[:10], texts[10] + texts[11][:1], texts[11][1:], *texts[12:]]

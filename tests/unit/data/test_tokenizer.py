@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from bert_mp.data.tokenizer import (
@@ -108,6 +110,25 @@ def test_encoder_tokenizes_special_tokens_written_in_the_text_as_text(trained):
     assert ids == enc.encode(text.lower(), add_special_tokens=False).ids
     assert trained.sep_token_id in trained(text, add_special_tokens=False)["input_ids"]
     assert special_token_texts(enc) == SPECIAL_TOKENS
-    texts = ["a [SEP] b [SEP]", "[MASK]", "no special", "[SE", "P]"]  # no match across two texts
-    assert count_special_token_texts(texts, SPECIAL_TOKENS) == {"[SEP]": 2, "[MASK]": 1}
-    assert count_special_token_texts([], SPECIAL_TOKENS) == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from([*"[]SEPMAKCLé日 x", "[SEP]", "[MASK]"]), max_size=20).map("".join)),
+    st.integers(1, 5),
+    st.integers(0, 3),
+)
+def test_counting_special_token_texts_in_arrow_strings(texts, chunk, skip):
+    """The vectorized count equals str.count per string, in any chunking or slice, and never
+    counts a match across two strings ("[SE" + "P]")."""
+    import pyarrow as pa
+
+    want = {s: n for s in SPECIAL_TOKENS if (n := sum(t.count(s) for t in texts))}
+    padded = ["[S"] * skip + texts
+    arr = pa.chunked_array(
+        [pa.array(padded[i : i + chunk], pa.string()) for i in range(0, len(padded), chunk)]
+        or [pa.array([], pa.string())]
+    )
+    assert count_special_token_texts(arr.slice(skip), SPECIAL_TOKENS) == want
+    assert count_special_token_texts(pa.array(texts, pa.large_string()), SPECIAL_TOKENS) == want
+    assert count_special_token_texts(pa.array(["a [SE", "P] b", "[SEP]"]), SPECIAL_TOKENS) == {"[SEP]": 1}
