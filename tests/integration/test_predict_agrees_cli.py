@@ -168,6 +168,48 @@ def test_a_text_label_among_integers_is_scored_on_the_shared_labels(tmp_path, ck
     assert s["test"]["accuracy"] >= 0.5  # "3" and "10" are the trained 3 and 10: scored, mostly right
 
 
+def test_a_pair_task_is_read_with_its_own_pair_column(tmp_path, ckpt):
+    """Fine-tuned on question/answer/verdict columns: predict reads all three without flags, and a row
+    whose second text is blank is predicted but not scored, as fine-tuning dropped it."""
+    filler = [w for w in FINETUNE_WORDS if w not in ("apple", "stone")]
+
+    def rows(n, offset):
+        return [
+            [" ".join(filler[(i + j) % len(filler)] for j in range(3)), sentence(i, w), w]
+            for i in range(offset, offset + n)
+            for w in [("apple", "stone")[i % 2]]
+        ]
+
+    header = ["question", "answer", "verdict"]
+    test = _write(tmp_path / "test.csv", header, [*rows(16, 900), ["seven quiet", "", "apple"]])
+    args = [
+        f"finetune.checkpoint={ckpt}",
+        "finetune.task=local",
+        f"finetune.train_file={_write(tmp_path / 'train.csv', header, rows(96, 0))}",
+        f"finetune.validation_file={_write(tmp_path / 'val.csv', header, rows(24, 500))}",
+        f"finetune.test_file={test}",
+        "finetune.text_column=question",
+        "finetune.text_pair_column=answer",
+        "finetune.label_column=verdict",
+        f"finetune.output_dir={tmp_path / 'ft'}",
+        "finetune.batch_size=16",
+        "finetune.learning_rate=3e-3",
+        "finetune.warmup_ratio=0.0",
+        "finetune.epochs=4",
+        f"finetune.max_seq_length={MAX_LEN}",
+        "finetune.progress_bar=false",
+    ]
+    proc = run_cli("finetune", *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "ft" / "summary.json").read_text())
+    m, preds, _ = _predict(tmp_path, tmp_path / "ft", test)
+    assert m["columns"] == {"text": "question", "text_pair": "answer", "label": "verdict"}
+    assert s["task"]["rows_without_text_or_label_dropped"]["test"] == m["rows_without_text_or_label"] == 1
+    assert len(preds) == 17 and m["metrics"]["examples"] == 16
+    assert {k: m["metrics"][k] for k in COMPARED} == {k: s["test"][k] for k in COMPARED}
+    assert s["test"]["accuracy"] >= 0.75  # the deciding word is in the second text: the pair was read
+
+
 # --------------------------------------------------------------------------------------------------
 # column mistakes
 # --------------------------------------------------------------------------------------------------
