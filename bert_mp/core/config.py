@@ -320,7 +320,7 @@ class LoopConfig:
     precision: str = "fp32"
     """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (with dynamic loss scaling)."""
     seed: int = 42
-    """Seed for weight init, data order and dropout (and dynamic masking in pretraining)."""
+    """Seed for weight init, data order and dropout."""
     learning_rate: float = 1e-3
     """Peak learning rate (reached after warmup)."""
     weight_decay: float = 0.01
@@ -330,7 +330,7 @@ class LoopConfig:
     adam_beta2: float = 0.999
     """AdamW second-moment decay."""
     adam_epsilon: float = 1e-6
-    """AdamW epsilon (BERT: 1e-6)."""
+    """AdamW epsilon."""
     fused_adamw: bool = True
     """Use fused AdamW where torch supports it on the device."""
     max_grad_norm: float = 1.0
@@ -342,7 +342,7 @@ class LoopConfig:
     max_consecutive_skipped_steps: int = 20
     """fp16: stop (after saving) when this many optimizer steps in a row overflow."""
     save_every: int = 0
-    """Checkpoint every N steps (0: only at the end of pretraining, on a signal or a numerics stop)."""
+    """Checkpoint every N optimizer steps (0: only when the run stops)."""
     save_total_limit: int = 2
     """Keep this many most recent checkpoints."""
     resume: Optional[str] = None
@@ -379,6 +379,13 @@ class TrainConfig(LoopConfig):
 
     SECTION: ClassVar[str] = "train"
 
+    seed: int = 42
+    """Seed for weight init, data order, dropout and dynamic masking."""
+    adam_epsilon: float = 1e-6
+    """AdamW epsilon (BERT's pretraining value)."""
+    save_every: int = 0
+    """Checkpoint every N optimizer steps (0: only at the end of pretraining, on a signal or a numerics
+    stop). Each checkpoint is resumable with train.resume and exportable with bert-mp export."""
     max_steps: int = 200
     """Optimizer steps to run."""
     global_batch_size: int = 32
@@ -539,8 +546,17 @@ class FinetuneConfig(LoopConfig):
     SECTION: ClassVar[str] = "finetune"
 
     output_dir: str = "runs/finetune"
+    """Run folder: config.yaml, metrics.jsonl, summary.json, checkpoints/ (when saved), final/ (the
+    fine-tuned classifier)."""
+    seed: int = 42
+    """Seed for the classifier head's init (every weight's with init=random), data order and dropout."""
     learning_rate: float = 5e-5
+    """Peak learning rate (reached after finetune.warmup_ratio of the steps)."""
     adam_epsilon: float = 1e-8
+    """AdamW epsilon (the usual fine-tuning value)."""
+    save_every: int = 0
+    """Checkpoint every N fine-tuning steps (0: only on a signal or a numerics stop; a completed run
+    writes final/ rather than a checkpoint). A checkpoint is resumable with finetune.resume."""
     checkpoint: Optional[str] = None
     """Exported bert_mp folder (a train run folder means its final/), any BERT checkpoint path, or Hub name."""
     init: str = "pretrained"

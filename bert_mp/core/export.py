@@ -44,8 +44,9 @@ def model_card(kind: str, facts: dict[str, Any], load: str) -> str:
     title = "BERT pretrained with bert_mp" if kind == "pretraining" else "BERT fine-tuned with bert_mp"
     return (
         f"{front}\n# {title}\n\n| | |\n| --- | --- |\n{_rows(facts)}\n\n## Loading\n\n```python\n{load}\n```\n"
-        "\nNo custom code: plain `transformers`. The tokenizer's `model_max_length` is the model's position "
-        "limit, so `truncation=True` cuts longer inputs.\n"
+        "\nNo custom code: plain `transformers`. The tokenizer's `model_max_length` is the length to cut at "
+        "(the model's position limit; for a fine-tuned model, its fine-tuning length), so `truncation=True` "
+        "cuts longer inputs there.\n"
     )
 
 

@@ -107,6 +107,26 @@ def stop_on_signals(state: LoopState) -> Iterator[None]:
             signal.signal(s, h)
 
 
+STOP_EXIT_CODES = {"signal SIGINT": 130, "signal SIGTERM": 143}
+"""Exit codes of a run stopped by a signal (128 + signal number, as a shell reports it)."""
+STOPPED_EXIT_CODE = 3
+"""Exit code of a run stopped early for another reason (e.g. ``train.parity_action=stop``)."""
+
+
+def exit_code(summary: dict) -> int:
+    """0 only for a completed run: ``bert-mp train && next-step`` must not go on with an unfinished model."""
+    if summary["status"] == "completed":
+        return 0
+    return STOP_EXIT_CODES.get(summary.get("stop_reason") or "", STOPPED_EXIT_CODE)
+
+
+def outcome_line(command: str, summary: dict, output_dir: str, result: str | None = None) -> str:
+    """The line a run of ``bert-mp train`` / ``finetune`` ends with; ``result`` defaults to a stopped
+    run's (why it stopped; checkpoint saved)."""
+    result = result or f"{summary['stop_reason']}; checkpoint saved"
+    return f"bert-mp {command}: {summary['status']} after {summary['steps']} steps ({result}) -> {output_dir}"
+
+
 @dataclass
 class CaughtSignal:
     """What :func:`interrupts_in_this_process_only` caught: the first Ctrl-C's number, or None."""

@@ -13,10 +13,12 @@ dropped from the later ones, so no document leaks across splits.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,10 @@ class TaskData:
     splits: datasets.DatasetDict
     has_pair: bool
     stats: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, str | None] = field(
+        default_factory=lambda: {"text": "text", "text_pair": None, "label": "label"}
+    )
+    """The source's column names for text, text_pair and label (what a file for predict would use)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,23 +302,19 @@ def _normalize_columns(
     return datasets.DatasetDict(out)
 
 
+def _is_complete(row: dict, has_pair: bool, class_ids: bool) -> bool:
+    return row_problem(row["text"], row.get("text_pair"), row["label"], has_pair, class_ids) is None
+
+
 def _drop_incomplete(
     splits: datasets.DatasetDict, label_names: Sequence[str] | None
 ) -> tuple[datasets.DatasetDict, dict]:
-    """Drop rows without text or label (GLUE marks hidden labels with -1); counted per split."""
+    """Drop the rows :func:`row_problem` refuses (GLUE marks hidden labels with -1); counted per split."""
     dropped = {}
     out = {}
     for split, ds in splits.items():
-
-        def complete(row: dict) -> bool:
-            if row["text"] is None or not str(row["text"]).strip():
-                return False
-            if "text_pair" in row and row["text_pair"] is None:
-                return False
-            lab = row["label"]
-            return lab is not None and not (label_names is not None and lab == -1)
-
-        kept = ds.filter(complete)
+        rule = {"has_pair": "text_pair" in ds.column_names, "class_ids": label_names is not None}
+        kept = ds.filter(_is_complete, fn_kwargs=rule)
         dropped[split] = len(ds) - len(kept)
         out[split] = kept
     return datasets.DatasetDict(out), dropped
@@ -363,12 +365,63 @@ def load_task(cfg: FinetuneConfig, builtin_root: Path | None = None) -> TaskData
     stats: dict[str, Any] = {"rows_without_text_or_label_dropped": dropped}
     if label_names is not None:
         stats["label_names"] = list(label_names)
-    return TaskData(cfg.task, splits, has_pair=pair is not None, stats=stats)
+    columns = {"text": text, "text_pair": pair, "label": label}
+    return TaskData(cfg.task, splits, has_pair=pair is not None, stats=stats, columns=columns)
 
 
 # --------------------------------------------------------------------------------------------------
-# labels
+# rows and labels: the one set of rules bert-mp finetune and bert-mp predict share
 # --------------------------------------------------------------------------------------------------
+HIDDEN_LABEL = -1
+"""A ``datasets.ClassLabel`` column's value for a hidden label (GLUE's test splits)."""
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+(\.0*)?")
+
+
+def normalize_label(value: Any) -> Any:
+    """A label as both commands compare it: None when missing, an int for any whole number, else the text.
+
+    A CSV cell's type depends on its neighbours (a blank turns ``10`` into ``10.0``, a word turns it
+    into ``"10"``), so whole-number floats and whole-number strings are the integer they spell.
+    A fractional number is refused: classification, not regression.
+    """
+    if value is None or isinstance(value, bool):
+        return None if value is None else int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if not value.is_integer():
+            raise DataError(
+                f"label {value!r} is not a class: bert-mp finetune does classification (labels must be "
+                "strings or integers), not regression"
+            )
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        return int(float(text)) if _WHOLE_NUMBER.fullmatch(text) else value
+    raise DataError(f"label {value!r} ({type(value).__name__}) is not a class: use strings or integers")
+
+
+def row_problem(text: Any, pair: Any, label: Any, has_pair: bool, class_ids: bool) -> str | None:
+    """Why a row can be neither trained on nor scored (``text`` / ``text_pair`` / ``label`` missing), or None.
+
+    Blank texts and missing labels (with ``class_ids``, a dataset ``ClassLabel``: also -1, hidden)
+    make a row incomplete: fine-tuning drops it, predict predicts it but leaves it out of the metrics;
+    both count it.
+    """
+    if text is None or not str(text).strip():
+        return "text"
+    if has_pair and (pair is None or not str(pair).strip()):
+        return "text_pair"
+    value = normalize_label(label)
+    if value is None or (class_ids and value == HIDDEN_LABEL):
+        return "label"
+    return None
+
+
 @dataclass
 class LabelSpace:
     """Label values seen in train, in a fixed order; id = position. Unseen values get ids >= size."""
@@ -386,19 +439,11 @@ class LabelSpace:
     def label2id(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.names)}
 
-
-def _canonical(value: Any) -> Any:
-    """Integral floats (a CSV column with gaps) become ints; other floats mean regression."""
-    if isinstance(value, float):
-        if math.isnan(value) or not value.is_integer():
-            raise DataError(
-                f"label {value!r} is not a class: bert-mp finetune does classification (labels must be "
-                "strings or integers), not regression"
-            )
-        return int(value)
-    if isinstance(value, bool):
-        return int(value)
-    return value
+    def metric_names(self, unseen: Mapping[str, int]) -> dict[int, str]:
+        """Class id -> name for metrics: the label names, then ``unseen:<label>`` for the ids
+        :func:`encode_labels` gave unseen labels (in the order it met them)."""
+        extra = {self.size + n: f"unseen:{label}" for n, label in enumerate(unseen)}
+        return {**self.id2label(), **extra}
 
 
 def build_label_space(train_labels: Sequence[Any], class_names: Sequence[str] | None = None) -> LabelSpace:
@@ -408,7 +453,7 @@ def build_label_space(train_labels: Sequence[Any], class_names: Sequence[str] | 
     """
     if class_names is not None:
         return LabelSpace(list(range(len(class_names))), [str(n) for n in class_names])
-    values = {_canonical(v) for v in train_labels}
+    values = {normalize_label(v) for v in train_labels} - {None}
     if len({type(v) for v in values}) > 1:
         raise DataError("the label column mixes strings and numbers; make it one type")
     if len(values) < 2:
@@ -420,27 +465,75 @@ def build_label_space(train_labels: Sequence[Any], class_names: Sequence[str] | 
 def encode_labels(
     labels: Sequence[Any], space: LabelSpace, split: str, policy: str = "count"
 ) -> tuple[list[int], dict[str, int]]:
-    """Map raw labels to ids; values absent from train get ids >= space.size and are counted.
+    """Map labels (normalised by :func:`normalize_label`) to ids; values absent from train get ids >=
+    space.size, in the order first met, and are counted by label.
 
-    ``policy="count"`` keeps such examples (the model cannot predict them, so they count as errors
-    in accuracy and F1, and are excluded from the loss); ``"error"`` stops with the values found.
+    A value matches a class by value, else by name (a file may spell a ``ClassLabel`` class by its
+    name). ``policy="count"`` keeps unseen examples (the model cannot predict them, so they count as
+    errors in accuracy and F1, and are excluded from the loss); ``"error"`` stops with the values found.
     """
     index = {v: i for i, v in enumerate(space.values)}
+    by_name = {n: i for i, n in enumerate(space.names)}
     unseen: dict[str, int] = {}
-    extra: dict[Any, int] = {}
     ids = []
     for raw in labels:
-        v = _canonical(raw)
-        if v in index:
-            ids.append(index[v])
-            continue
-        if v not in extra:
-            extra[v] = space.size + len(extra)
-        unseen[str(v)] = unseen.get(str(v), 0) + 1
-        ids.append(extra[v])
+        v = normalize_label(raw)
+        i = index.get(v, by_name.get(v) if isinstance(v, str) else None)
+        if i is None:
+            key = str(v)
+            unseen[key] = unseen.get(key, 0) + 1
+            i = space.size + list(unseen).index(key)
+        ids.append(i)
     if unseen and policy == "error":
         shown = ", ".join(f"{k!r} x{n}" for k, n in sorted(unseen.items())[:5])
         raise DataError(
             f"{split} has labels never seen in train: {shown}; fix the data or set finetune.unseen_labels=count"
         )
     return ids, unseen
+
+
+# --------------------------------------------------------------------------------------------------
+# the fine-tuned folder's task record: what bert-mp predict needs to read files as fine-tuning did
+# --------------------------------------------------------------------------------------------------
+TASK_RECORD = "bert_mp_task.json"
+
+
+@dataclass
+class TaskRecord:
+    """Written into a fine-tuned ``final/`` and read by ``bert-mp predict``: the columns, the length
+    and the label space fine-tuning used, so predict reads a file the same way by default."""
+
+    task: str
+    text_column: str
+    text_pair_column: str | None
+    label_column: str
+    max_seq_length: int
+    label_values: list[Any]
+    label_names: list[str]
+    class_ids: bool
+    """The labels are a dataset ``ClassLabel``'s ids (-1: hidden)."""
+
+    def label_space(self) -> LabelSpace:
+        return LabelSpace(list(self.label_values), list(self.label_names))
+
+    def write(self, folder: Path) -> None:
+        (Path(folder) / TASK_RECORD).write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, folder: Path) -> TaskRecord | None:
+        """The record in ``folder``, None where there is none (a model not fine-tuned by bert_mp)."""
+        path = Path(folder) / TASK_RECORD
+        if not path.is_file():
+            return None
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}: not valid JSON ({e})") from None
+        want = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or set(d) != want:
+            got = set(d) if isinstance(d, dict) else set()
+            problem = ", ".join(
+                [f"missing {k}" for k in sorted(want - got)] + [f"unknown {k}" for k in sorted(got - want)]
+            )
+            raise DataError(f"{path}: {problem or 'not an object'} (written by another bert_mp version?)")
+        return cls(**d)

@@ -33,14 +33,22 @@ from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.config import Config, load_config
 from bert_mp.core.export import finish_hf_folder
 from bert_mp.core.guard import NumericsGuard
+from bert_mp.core.hub import resolve_hub_model
 from bert_mp.core.io import looks_like_local_path
-from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
+from bert_mp.core.loop import BatchGeometry, LoopState, exit_code, outcome_line, stop_on_signals
 from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
 from bert_mp.errors import ConfigError, DataError, TrainingError
-from bert_mp.finetune.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
+from bert_mp.finetune.tasks import (
+    LabelSpace,
+    TaskData,
+    TaskRecord,
+    build_label_space,
+    encode_labels,
+    load_task,
+)
 
 # Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
 # and the pooler when the checkpoint came from a model without one (e.g. BertForMaskedLM).
@@ -92,7 +100,11 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> dict
 # checkpoint, tokenizer, model
 # --------------------------------------------------------------------------------------------------
 def resolve_checkpoint(ref: str | None) -> str:
-    """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early."""
+    """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early.
+
+    A reference that looks local and is no folder fails at once; any other gets one quick question to
+    the Hub (:func:`bert_mp.core.hub.resolve_hub_model`), never a wait on retries.
+    """
     from transformers import AutoConfig
 
     if not ref:
@@ -101,42 +113,71 @@ def resolve_checkpoint(ref: str | None) -> str:
             "folder, or a Hub name such as google-bert/bert-base-uncased"
         )
     path = Path(ref).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file() and (path / "final" / "config.json").is_file():
-            path = path / "final"
-        if not (path / "config.json").is_file():
+    if not path.is_dir():
+        if path.exists() or looks_like_local_path(ref):
             raise ConfigError(
-                f"finetune.checkpoint: {ref} is not a BERT checkpoint (no config.json); point it at a "
-                "save_pretrained folder such as <train.output_dir>/final"
+                f"finetune.checkpoint: {ref} is not a folder"
+                if path.exists()
+                else f"finetune.checkpoint: no such folder: {ref}"
             )
-        if not any((path / f).is_file() for f in _WEIGHT_FILES):
-            raise ConfigError(
-                f"finetune.checkpoint: {path} has a config.json but no weights ({', '.join(_WEIGHT_FILES[::2])})"
-            )
-        try:
-            model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
-        ref = str(path)
-    elif path.exists() or looks_like_local_path(ref):
+        found = resolve_hub_model(ref, "finetune.checkpoint")
+        if found == ref:
+            _check_model_type(ref, AutoConfig.from_pretrained(ref).model_type)
+            return ref
+        path = Path(found)  # the Hub is out of reach; its cached copy is a local folder
+    return _check_local_checkpoint(path, ref)
+
+
+def _check_local_checkpoint(path: Path, ref: str) -> str:
+    """A folder given as ``finetune.checkpoint``: config.json, weights, model type (a run folder: its final/)."""
+    if not (path / "config.json").is_file() and (path / "final" / "config.json").is_file():
+        path = path / "final"
+    if not (path / "config.json").is_file():
         raise ConfigError(
-            f"finetune.checkpoint: {ref} is not a folder"
-            if path.exists()
-            else f"finetune.checkpoint: no such folder: {ref}"
+            f"finetune.checkpoint: {ref} is not a BERT checkpoint (no config.json); {_instead(path)}"
         )
-    else:
-        try:
-            model_type = AutoConfig.from_pretrained(ref).model_type
-        except (OSError, ValueError) as e:
-            raise ConfigError(
-                f"finetune.checkpoint: {ref!r} is neither a local folder nor loadable from the Hub "
-                f"({str(e).splitlines()[0]}); offline runs need a local folder"
-            ) from None
+    if not any((path / f).is_file() for f in _WEIGHT_FILES):
+        raise ConfigError(
+            f"finetune.checkpoint: {path} has a config.json but no weights ({', '.join(_WEIGHT_FILES[::2])})"
+        )
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
+    _check_model_type(str(path), model_type)
+    return str(path)
+
+
+def _instead(path: Path) -> str:
+    """What to point finetune.checkpoint at instead of a folder without config.json.
+
+    A training checkpoint (``<run>/checkpoints/step_N``) holds resumable state, not a model folder: name
+    the run's ``final/`` where it has one, else the command that exports the checkpoint.
+    """
+    if path.name.startswith("step_") or (path / "loop_state.json").is_file():
+        run = path.parent.parent
+        export = f"`bert-mp export {path}` writes this step as {run / ('export-' + path.name)}"
+        if (run / "final" / "config.json").is_file():
+            return f"it is a training checkpoint: use the run's export {run / 'final'}, or {export}"
+        return f"it is a training checkpoint: {export}; use that folder"
+    return "point it at a save_pretrained folder such as <train.output_dir>/final"
+
+
+def _check_model_type(ref: str, model_type: Any) -> None:
     if model_type != "bert":
         raise ConfigError(
             f"finetune.checkpoint: {ref} is a {model_type!r} checkpoint; bert-mp finetune loads BERT (model_type bert)"
         )
-    return ref
+
+
+def resolve_tokenizer(ref: str) -> str:
+    """``finetune.tokenizer``: a local folder, or a Hub name asked about once (as for the checkpoint)."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists() or looks_like_local_path(ref):
+        raise ConfigError(f"finetune.tokenizer: no such folder: {ref}")
+    return resolve_hub_model(ref, "finetune.tokenizer", "tokenizer_config.json")
 
 
 def load_tokenizer(ref: str) -> Any:
@@ -269,10 +310,10 @@ def _log_view(prefix: str, m: dict[str, Any]) -> dict[str, Any]:
     return {f"{prefix}/{k}": m[k] for k in ("loss", "accuracy", "macro_f1", "mcc")}
 
 
-def _named(m: dict[str, Any], names: dict[int, str]) -> dict[str, Any]:
-    """Metrics for summary.json with per-class F1 keyed by label name."""
+def named_metrics(m: dict[str, Any], names: dict[int, str]) -> dict[str, Any]:
+    """Metrics with per-class F1 keyed by label name (``unseen:<label>`` for labels train never had)."""
     out = dict(m)
-    out["per_class_f1"] = {names.get(c, f"unseen:{c}"): v for c, v in m["per_class_f1"].items()}
+    out["per_class_f1"] = {names[c]: v for c, v in m["per_class_f1"].items()}
     return out
 
 
@@ -344,8 +385,11 @@ class FineTuner:
         ft = self.ft
         self.config_changes = check_output_dir(self.cfg, ft)
         self.ckpt = resolve_checkpoint(ft.checkpoint)
-        self.tok_ref = ft.tokenizer or self.ckpt
+        self.tok_ref = resolve_tokenizer(ft.tokenizer) if ft.tokenizer else self.ckpt
         self.tokenizer = load_tokenizer(self.tok_ref)
+        # The length the model is trained and selected at travels with the exported tokenizer, so
+        # predict and pipeline(..., truncation=True) cut where fine-tuning cut.
+        self.tokenizer.model_max_length = ft.max_seq_length
         # Architecture checks read config.json only, so a mismatch fails before any data work.
         mcfg = BertConfig.from_pretrained(self.ckpt)
         check_vocab(self.tokenizer, mcfg.vocab_size, self.ckpt, self.tok_ref)
@@ -578,6 +622,7 @@ class FineTuner:
             shutil.rmtree(tmp, ignore_errors=True)
             inner.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
+            self.task_record().write(tmp)
             finish_hf_folder(
                 tmp, "classification", inner.config.max_position_embeddings, self.card_facts(final_val, test)
             )
@@ -585,6 +630,20 @@ class FineTuner:
             os.replace(tmp, final_dir)
         self.accelerator.wait_for_everyone()
         return final_dir
+
+    def task_record(self) -> TaskRecord:
+        """What predict needs to read a file as this run read its splits (final/bert_mp_task.json)."""
+        cols, labels = self.task.columns, self.labels
+        return TaskRecord(
+            task=self.task.name,
+            text_column=cols["text"],
+            text_pair_column=cols["text_pair"],
+            label_column=cols["label"],
+            max_seq_length=self.ft.max_seq_length,
+            label_values=list(labels.values),
+            label_names=list(labels.names),
+            class_ids="label_names" in self.task.stats,
+        )
 
     def card_facts(self, final_val: dict | None, test: dict | None) -> dict[str, Any]:
         """The model card's table for the fine-tuned export."""
@@ -606,7 +665,10 @@ class FineTuner:
         final_dir: Path | None = None,
         error: str | None = None,
     ) -> dict[str, Any]:
-        s, ft, names = self.state, self.ft, self.labels.id2label()
+        s, ft = self.state, self.ft
+        names = {
+            split: self.labels.metric_names(self.unseen.get(split, {})) for split in ("validation", "test")
+        }
         inner = self.accelerator.unwrap_model(self.model)
         train_s = self.checkpointer.elapsed()
         summary = {
@@ -632,8 +694,8 @@ class FineTuner:
                 "step": self.best.step if ft.select_best else s.step,
                 "rule": "best validation macro_f1" if ft.select_best else "last step",
             },
-            "validation": _named(final_val, names) if final_val else None,
-            "test": _named(test, names) if test else None,
+            "validation": named_metrics(final_val, names["validation"]) if final_val else None,
+            "test": named_metrics(test, names["test"]) if test else None,
             "precision": self.plan.describe(self.scaler),
             "versions": library_versions(),
             "model": {
@@ -676,6 +738,9 @@ def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp finetune [CONFIG.yaml] [key=value ...]``."""
     cfg = load_config(config_path, overrides)
     s = run_finetune(cfg)
+    if s["status"] != "completed":  # no final/: `bert-mp finetune ... && bert-mp predict ...` stops here
+        print(outcome_line("finetune", s, cfg.finetune.output_dir))
+        return exit_code(s)
     print(
         f"bert-mp finetune: {s['task']['name']} ({s['task']['num_labels']} labels), {s['steps']} steps, "
         f"{s['precision']['name']}, init={s['loading']['init']}"

@@ -105,20 +105,25 @@ def build_model(
     return model
 
 
-def check_init_from(model_cfg: ModelConfig) -> None:
-    """Fail at once on a ``model.init_from`` that is meant as a local folder but is not one."""
+def check_init_from(model_cfg: ModelConfig) -> str | None:
+    """What ``model.init_from`` loads: a local folder, or a Hub name asked about once (its cached copy
+    where the Hub is out of reach). A local-looking path that is no folder fails at once."""
+    from bert_mp.core.hub import resolve_hub_model
     from bert_mp.core.io import looks_like_local_path
 
     source = model_cfg.init_from
     if not source:
-        return
+        return None
     path = Path(source).expanduser()
     if path.exists() and not (path / "config.json").is_file():
         raise ConfigError(
             f"model.init_from={source}: no config.json there (expected a save_pretrained folder)"
         )
-    if not path.exists() and looks_like_local_path(source):
+    if path.exists():
+        return str(path)
+    if looks_like_local_path(source):
         raise ConfigError(f"model.init_from={source}: no such folder")
+    return resolve_hub_model(source, "model.init_from")
 
 
 def _load_pretrained(model_cfg: ModelConfig) -> BertForPreTraining:
@@ -129,10 +134,10 @@ def _load_pretrained(model_cfg: ModelConfig) -> BertForPreTraining:
             f"model.init_from={source} fixes the architecture; ignoring model.{', model.'.join(overridden)}",
             stacklevel=3,
         )
-    check_init_from(model_cfg)
+    found = check_init_from(model_cfg)
     try:
         return BertForPreTraining.from_pretrained(
-            source, attn_implementation=check_attn_implementation(model_cfg.attn_implementation)
+            found, attn_implementation=check_attn_implementation(model_cfg.attn_implementation)
         )
     except OSError as e:
         raise ConfigError(f"model.init_from={source}: cannot load it ({str(e).splitlines()[0]})") from None

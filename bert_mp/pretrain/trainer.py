@@ -37,7 +37,15 @@ from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
 from bert_mp.core.export import pretraining_facts
 from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
+from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp train`'s own
+    STOP_EXIT_CODES,  # noqa: F401
+    STOPPED_EXIT_CODE,  # noqa: F401
+    BatchGeometry,
+    LoopState,
+    exit_code,
+    outcome_line,
+    stop_on_signals,
+)
 from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir, data_change_error
@@ -437,19 +445,6 @@ def train(cfg: Config, data: Any = None, *, build_model: ModelBuilder = build_mo
     return Trainer(cfg, data, build_model=build_model).run()
 
 
-STOP_EXIT_CODES = {"signal SIGINT": 130, "signal SIGTERM": 143}
-"""Exit codes of a run stopped by a signal (128 + signal number, as a shell reports it)."""
-STOPPED_EXIT_CODE = 3
-"""Exit code of a run stopped early for another reason (e.g. ``train.parity_action=stop``)."""
-
-
-def exit_code(summary: dict) -> int:
-    """0 only for a completed run: ``bert-mp train && next-step`` must not go on with an unfinished model."""
-    if summary["status"] == "completed":
-        return 0
-    return STOP_EXIT_CODES.get(summary.get("stop_reason") or "", STOPPED_EXIT_CODE)
-
-
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]``."""
     cfg = load_config(config_path, overrides)
@@ -458,11 +453,10 @@ def command(config_path: str | None, overrides: list[str]) -> int:
         ckpt.resolve_resume(cfg.train.resume, Path(cfg.train.output_dir) / "checkpoints")
     summary = train(cfg)
     ev = summary["final_eval"]
-    if ev:
-        result = f"final eval MLM loss {ev['eval/loss_mlm']:.4f}, MLM accuracy {ev['eval/accuracy_mlm']:.3f}"
-    else:
-        result = f"{summary['stop_reason']}; checkpoint saved"
-    print(
-        f"bert-mp train: {summary['status']} after {summary['steps']} steps ({result}) -> {cfg.train.output_dir}"
+    result = (
+        f"final eval MLM loss {ev['eval/loss_mlm']:.4f}, MLM accuracy {ev['eval/accuracy_mlm']:.3f}"
+        if ev
+        else None
     )
+    print(outcome_line("train", summary, cfg.train.output_dir, result))
     return exit_code(summary)

@@ -340,3 +340,80 @@ def test_a_mistyped_local_path_fails_at_once_without_the_hub(tmp_path, args, exp
     assert line.endswith(expected), line
     assert time.monotonic() - t0 < 60  # Hub retries would take minutes
     assert [p.name for p in tmp_path.rglob("*")] == ["runs"]
+
+
+HUB_LIKE = [
+    (
+        ["finetune", "finetune.checkpoint=runs/nonexistent", "finetune.train_file=x.csv"],
+        "finetune.checkpoint",
+    ),
+    (["finetune", "finetune.checkpoint=.", "finetune.tokenizer=org/no-tokenizer"], "finetune.tokenizer"),
+    (["train", "model.init_from=runs/nonexistent"], "model.init_from"),
+    (["predict", "runs/nonexistent", "x.csv"], "predict MODEL"),
+]
+
+
+@pytest.mark.parametrize(("args", "key"), HUB_LIKE, ids=[a[1].split("=")[0] for a, _ in HUB_LIKE])
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "hub-unreachable"])
+def test_a_name_that_could_be_on_the_hub_is_asked_once_then_one_line(tmp_path, args, key, offline):
+    """``runs/nonexistent`` with no runs/ folder here reads as a Hub name: offline, the cache is looked in
+    and nothing is asked; online, one request, no retries (each retry would print a warning line) -
+    here to a port nothing listens on, so no network is needed."""
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again: connections to it are refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"HF_HUB_OFFLINE": "1"} if offline else {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None}
+    if "finetune.checkpoint=." in args:  # a real checkpoint, so the tokenizer is what is asked about
+        args = [
+            a.replace("finetune.checkpoint=.", f"finetune.checkpoint={_tiny_bert(tmp_path)}") for a in args
+        ]
+    proc = start(
+        [*args, "data.cache_dir=data"] if args[0] != "predict" else args,
+        tmp_path,
+        HF_ENDPOINT=f"http://127.0.0.1:{port}",
+        HF_HUB_CACHE=str(tmp_path / "hub-cache"),
+        **env,
+    )
+    out, err = proc.communicate(timeout=120)
+    line = one_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    why = "(HF_HUB_OFFLINE=1: the Hub is not asked)" if offline else "the Hub cannot be reached"
+    assert line.startswith(f"bert-mp {args[0]}: error: {key}: ") and why in line, line
+    assert "neither a local folder nor in the Hub cache" in line
+
+
+def _tiny_bert(root: Path) -> Path:
+    from transformers import BertConfig, BertForPreTraining
+
+    folder = root / "bert"
+    cfg = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    BertForPreTraining(cfg).save_pretrained(folder)
+    make_tokenizer().save_pretrained(str(folder))
+    return folder
+
+
+def test_a_training_checkpoint_as_finetune_checkpoint_points_at_final_or_export(project, tmp_path):
+    """checkpoints/step_N is resumable state, not a model folder: the error names the run's final/, or
+    (a run without one) the bert-mp export command and the folder it writes."""
+    step = project / "run" / "checkpoints" / "step_00000002"
+    assert step.is_dir()
+    line = one_line(
+        run_cli("finetune", f"finetune.checkpoint={step}", "finetune.train_file=x.csv", cwd=tmp_path)
+    )
+    assert line.endswith(
+        f"it is a training checkpoint: use the run's export {project / 'run' / 'final'}, or "
+        f"`bert-mp export {step}` writes this step as {project / 'run' / 'export-step_00000002'}"
+    ), line
+    bare = tmp_path / "r" / "checkpoints" / "step_00000007"
+    bare.mkdir(parents=True)
+    (bare / "loop_state.json").write_text("{}")
+    line = one_line(
+        run_cli("finetune", f"finetune.checkpoint={bare}", "finetune.train_file=x.csv", cwd=tmp_path)
+    )
+    assert line.endswith(
+        f"it is a training checkpoint: `bert-mp export {bare}` writes this step as "
+        f"{tmp_path / 'r' / 'export-step_00000007'}; use that folder"
+    ), line

@@ -45,10 +45,11 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
             **tokenizer([sentence(1, "apple"), sentence(2, "stone")], return_tensors="pt", padding=True)
         ).logits
     assert [model.config.id2label[i] for i in logits.argmax(-1).tolist()] == ["apple", "stone"]
-    # ... and works in a pipeline on an input far beyond the model's positions, truncated
+    # ... and works in a pipeline on an input far beyond the model's positions, truncated where
+    # fine-tuning truncated: the tokenizer carries finetune.max_seq_length
     from transformers import pipeline
 
-    assert tokenizer.model_max_length == model.config.max_position_embeddings
+    assert tokenizer.model_max_length == summary["task"]["max_seq_length"] == 32
     clf = pipeline("text-classification", model=str(out / "final"), truncation=True)
     long_text = " ".join([sentence(1, "apple")] * 400)  # > 2,000 words
     assert len(long_text.split()) > 2000 and clf(long_text)[0]["label"] in ("apple", "stone")
@@ -74,7 +75,7 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     )
     assert pred.returncode == 0, pred.stderr[-3000:]
     metrics = json.loads((tmp_path / "p" / "metrics.json").read_text())
-    assert metrics["rows"] == 24 and metrics["unseen_labels"] == []
+    assert metrics["rows"] == 24 and metrics["unseen_labels"] == {}
     assert metrics["metrics"]["accuracy"] == pytest.approx(summary["test"]["accuracy"])
     assert metrics["metrics"]["macro_f1"] == pytest.approx(summary["test"]["macro_f1"])
     rows = [json.loads(line) for line in (tmp_path / "p" / "predictions.jsonl").read_text().splitlines()]

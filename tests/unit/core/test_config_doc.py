@@ -37,3 +37,14 @@ def test_selectors_filter_and_unknown_ones_name_the_sections():
     assert "hardware.allow_emulated: bool = false" in describe_config("hardware")
     with pytest.raises(ConfigError, match="no config key matches 'trian'.*sections: data, finetune"):
         describe_config("trian")
+
+
+def test_each_loop_section_speaks_of_its_own_loop():
+    """train and finetune share LoopConfig's fields; each section's text is about its own loop."""
+    docs = {key: doc for key, _, _, doc in config_rows()}
+    finetune = {k: d for k, d in docs.items() if k.startswith("finetune.")}
+    train = {k: d for k, d in docs.items() if k.startswith("train.")}
+    assert not [k for k, d in finetune.items() if "pretraining" in d or "masking" in d]
+    assert not [k for k, d in train.items() if "fine-tun" in d or "finetune." in d]
+    assert "fine-tuning steps" in finetune["finetune.save_every"]
+    assert "end of pretraining" in train["train.save_every"]

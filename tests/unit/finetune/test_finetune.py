@@ -97,7 +97,7 @@ def test_not_a_bert_checkpoint_is_a_clear_error(tmp_path):
         resolve_checkpoint(str(tmp_path))
     with pytest.raises(ConfigError, match="finetune.checkpoint: set it"):
         resolve_checkpoint(None)
-    with pytest.raises(ConfigError, match="neither a local folder nor loadable from the Hub"):
+    with pytest.raises(ConfigError, match="neither a local folder nor in the Hub cache"):
         resolve_checkpoint("no-such-org/no-such-bert-model")
 
 
@@ -168,7 +168,7 @@ def test_unseen_validation_labels_counted_or_refused(tmp_path, ckpt):
     assert s["task"]["unseen_labels"] == {"validation": {"river": 4}}
     assert s["validation"]["examples"] == 12
     assert s["validation"]["accuracy"] <= 8 / 12  # the 4 unseen ones can never be right
-    assert "unseen:2" in s["validation"]["per_class_f1"]
+    assert "unseen:river" in s["validation"]["per_class_f1"]  # named by its label
     again = _overrides(ckpt, tmp_path, validation_file=val, unseen_labels="error", overwrite_output_dir=True)
     cfg = load_config(None, again)
     with pytest.raises(DataError, match="never seen in train: 'river' x4"):

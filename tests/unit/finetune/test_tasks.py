@@ -1,5 +1,6 @@
 """Downstream task data: built-in split without leakage, local files, Hub / GLUE path, labels."""
 
+import json
 import random
 from collections import Counter, defaultdict
 
@@ -304,3 +305,64 @@ def test_empty_and_header_only_files_are_one_line(tmp_path, content, message):
     with pytest.raises(DataError, match=f"^finetune\\.train_file: {path} {message}") as e:
         load_local(FinetuneConfig(task="local", train_file=str(path)))
     assert "\n" not in str(e.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# the row and label rules fine-tuning and predict share
+# --------------------------------------------------------------------------------------------------
+def test_labels_are_normalised_once_whatever_type_the_reader_chose():
+    from bert_mp.finetune.tasks import normalize_label
+
+    # the same CSV cell read as int, float (a blank elsewhere in the column) or text (a word elsewhere)
+    assert (
+        normalize_label(10)
+        == normalize_label(10.0)
+        == normalize_label("10")
+        == normalize_label(" 10.0 ")
+        == 10
+    )
+    assert normalize_label(True) == 1 and normalize_label("-2") == -2
+    assert normalize_label("travel") == "travel" and normalize_label("1.5") == "1.5"  # text stays text
+    for missing in (None, float("nan"), "", "   "):
+        assert normalize_label(missing) is None
+    with pytest.raises(DataError, match="regression"):
+        normalize_label(0.5)
+    with pytest.raises(DataError, match="not a class"):
+        normalize_label([1])
+
+
+def test_row_rules():
+    from bert_mp.finetune.tasks import row_problem
+
+    assert row_problem("a text", None, "pos", has_pair=False, class_ids=False) is None
+    assert row_problem("", None, "pos", has_pair=False, class_ids=False) == "text"
+    assert row_problem("  ", None, "pos", has_pair=False, class_ids=False) == "text"
+    assert row_problem(None, None, "pos", has_pair=False, class_ids=False) == "text"
+    assert row_problem("a", None, "pos", has_pair=True, class_ids=False) == "text_pair"
+    assert row_problem("a", " ", "pos", has_pair=True, class_ids=False) == "text_pair"
+    assert row_problem("a", "b", float("nan"), has_pair=True, class_ids=False) == "label"
+    assert row_problem("a", None, -1, has_pair=False, class_ids=True) == "label"  # a hidden ClassLabel
+    assert row_problem("a", None, -1, has_pair=False, class_ids=False) is None  # -1 is a class of its own
+
+
+def test_a_text_label_in_an_integer_space_is_unseen_by_its_name():
+    space = build_label_space([3, 10, 3.0])
+    ids, unseen = encode_labels(["3", 10.0, "travel", "10", "travel", "other"], space, "test")
+    assert ids == [0, 1, 2, 1, 2, 3] and unseen == {"travel": 2, "other": 1}
+    assert space.metric_names(unseen) == {0: "3", 1: "10", 2: "unseen:travel", 3: "unseen:other"}
+    named = build_label_space([0, 1], ["neg", "pos"])  # a ClassLabel: a file may give the names
+    assert encode_labels(["pos", 0, "1"], named, "test") == ([1, 0, 1], {})
+
+
+def test_task_record_round_trip_and_strict_read(tmp_path):
+    from bert_mp.finetune.tasks import TASK_RECORD, TaskRecord
+
+    rec = TaskRecord("local", "review", None, "license", 64, [3, 10], ["3", "10"], False)
+    rec.write(tmp_path)
+    assert TaskRecord.read(tmp_path) == rec and rec.label_space().values == [3, 10]
+    assert TaskRecord.read(tmp_path / "nowhere") is None
+    d = json.loads((tmp_path / TASK_RECORD).read_text())
+    del d["max_seq_length"]
+    (tmp_path / TASK_RECORD).write_text(json.dumps({**d, "extra": 1}))
+    with pytest.raises(DataError, match="missing max_seq_length, unknown extra"):
+        TaskRecord.read(tmp_path)
