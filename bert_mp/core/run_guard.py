@@ -139,7 +139,7 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
         folder = ckpt.resolve_resume(resume, checkpoints)
     if folder is None:
         return
-    state = json.loads((folder / ckpt.LOOP_STATE).read_text(encoding="utf-8"))
+    state = ckpt.read_loop_state(folder)
     trained_on = (state.get("meta") or {}).get("data_fingerprint")
     now = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("fingerprint")
     if trained_on and now and trained_on != now:
