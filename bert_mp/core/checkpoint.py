@@ -220,14 +220,14 @@ def _finish_folder(
     _pause_point(step, "state")
     entries[LOOP_STATE] = integrity.write_json(tmp / LOOP_STATE, loop_state)
     _pause_point(step, "loop_state")
-    files = integrity.write_manifest(tmp, MARKER, entries)  # other ranks' RNG files are hashed here
+    integrity.write_manifest(tmp, MARKER, entries)  # other ranks' RNG files are hashed here
     _fsync_dir(tmp)
     _pause_point(step, "marker")
     if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
-    integrity.remember(final, MARKER, integrity.Verdict(None, True, tuple(files)))
+    integrity.remember(final, MARKER)
     rotate(final.parent, total_limit)
 
 

@@ -209,8 +209,10 @@ def check(folder: str | Path, name: str, absent: str, label: str | None = None) 
     return verdict
 
 
-def remember(folder: str | Path, name: str, verdict: Verdict) -> None:
-    """Record the verdict of a folder this process has just written (its digests were taken while
-    writing), so that rotating or resuming in the same process does not read it back."""
+def remember(folder: str | Path, name: str) -> None:
+    """Record a folder this process has just written as verified: its manifest's digests were taken
+    while writing, so rotating or resuming in the same process need not read it back."""
     folder = Path(folder)
-    _MEMO[(str(folder.resolve()), name)] = (_signature(folder), verdict)
+    files, hashed, problem = read_manifest(folder / name)
+    if files is not None and hashed:
+        _MEMO[(str(folder.resolve()), name)] = (_signature(folder), Verdict(None, True, tuple(files)))

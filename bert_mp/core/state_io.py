@@ -108,7 +108,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}
-            return {k: f.get_tensor(k) for k in f}, meta
+            return {k: f.get_tensor(k) for k in f.keys()}, meta  # noqa: SIM118 (safe_open is not iterable)
     except Exception as e:  # safetensors raises its own error type for every malformation
         raise StateFileError(
             f"{Path(path).name} is not a readable safetensors file ({_first_line(e)})"
