@@ -115,6 +115,21 @@ def find_latest(ckpt_dir: Path) -> Path | None:
     return None
 
 
+def damaged_outputs(run_dir: Path) -> str | None:
+    """Why a finished run's saved state cannot be reused as it is - its newest checkpoint or its
+    export (``final/``) does not verify - or None when both do (or it has none)."""
+    from bert_mp.core.export import CHECKSUMS
+
+    run_dir = Path(run_dir)
+    newest = list_checkpoints(run_dir / "checkpoints")[-1:]
+    if newest and (problem := verify(newest[0])):
+        return f"its checkpoint {newest[0].name} does not verify ({problem})"
+    final = run_dir / "final"
+    if (final / CHECKSUMS).is_file() and (problem := integrity.check(final, CHECKSUMS, "").problem):
+        return f"its export final/ does not verify ({problem})"
+    return None
+
+
 def resolve_resume(resume: str, ckpt_dir: Path, key: str = "train.resume") -> Path | None:
     """``latest`` -> newest complete checkpoint (None when there is none); a path -> that, verified."""
     if resume == "latest":

@@ -149,6 +149,7 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
     import warnings
 
     from transformers import AutoTokenizer, BertConfig, BertForPreTraining
+    from transformers.utils import logging as hf_logging
 
     from bert_mp.core import checkpoint as ckpt
     from bert_mp.core.config import load_config
@@ -156,6 +157,7 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
     from bert_mp.errors import BertMPWarning, TrainingError
     from bert_mp.model.bert import bert_config
 
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar is noise in a one-shot command
     folder, run = locate_checkpoint(ref)
     if not (run / "config.yaml").is_file():
         raise ConfigError(

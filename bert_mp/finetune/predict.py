@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core.export import verify_export
 from bert_mp.core.io import atomic_write_json, looks_like_local_path
 from bert_mp.errors import ConfigError, DataError
 
@@ -28,6 +29,8 @@ def load_classifier(ref: str) -> tuple[Any, Any]:
         path = path / "final"
     if not path.is_dir() and looks_like_local_path(ref):
         raise ConfigError(f"{ref}: no such folder")
+    if path.is_dir():
+        verify_export(path, "model")  # weights bert_mp wrote must still be the ones it wrote
     try:
         model = AutoModelForSequenceClassification.from_pretrained(str(path) if path.is_dir() else ref)
         tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else ref)

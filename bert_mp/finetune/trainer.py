@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +29,7 @@ from torch.utils.data import DataLoader, Sampler
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.config import Config, load_config
-from bert_mp.core.export import finish_hf_folder
+from bert_mp.core.export import finish_hf_folder, verify_export
 from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.io import looks_like_local_path
 from bert_mp.core.loop import BatchGeometry, LoopState, stop_on_signals
@@ -39,6 +37,7 @@ from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
+from bert_mp.core.storage import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.finetune.tasks import LabelSpace, TaskData, build_label_space, encode_labels, load_task
 
@@ -117,6 +116,7 @@ def resolve_checkpoint(ref: str | None) -> str:
             model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
+        verify_export(path, "finetune.checkpoint")
         ref = str(path)
     elif path.exists() or looks_like_local_path(ref):
         raise ConfigError(
@@ -574,15 +574,22 @@ class FineTuner:
         out = Path(self.ft.output_dir)
         final_dir = out / "final"
         if self.accelerator.is_main_process:
-            tmp = out / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            inner.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            finish_hf_folder(
-                tmp, "classification", inner.config.max_position_embeddings, self.card_facts(final_val, test)
+
+            def write(tmp: Path) -> None:
+                inner.save_pretrained(tmp, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                facts = self.card_facts(final_val, test)
+                finish_hf_folder(tmp, "classification", inner.config.max_position_embeddings, facts)
+
+            write_folder_atomically(
+                final_dir,
+                write,
+                "the export",
+                sum(p.numel() * p.element_size() for p in inner.parameters()),
+                lambda: (
+                    "free disk space and run it again (finetune.resume=latest continues from its newest checkpoint)"
+                ),
             )
-            shutil.rmtree(final_dir, ignore_errors=True)
-            os.replace(tmp, final_dir)
         self.accelerator.wait_for_everyone()
         return final_dir
 

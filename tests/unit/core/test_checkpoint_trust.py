@@ -298,3 +298,27 @@ def test_naming_a_damaged_checkpoint_is_refused_and_latest_falls_back(tmp_path, 
         summary = train_mod.train(cfg, load_fixture(prepared))
     assert summary["resumed_from"].endswith("step_00000004")
     assert drill.compare(reference, run) == []  # fp16 with dropout: scaler and RNG restored exactly
+
+
+def test_an_export_is_verified_before_it_is_loaded_again(tmp_path, finished):
+    from bert_mp.core.config import ModelConfig
+    from bert_mp.errors import ConfigError
+    from bert_mp.finetune.predict import load_classifier
+    from bert_mp.finetune.trainer import resolve_checkpoint
+    from bert_mp.model.bert import check_init_from
+
+    final = tmp_path / "final"
+    shutil.copytree(finished[0] / "final", final)
+    listed = json.loads((final / "checksums.json").read_text())["files"]
+    assert list(listed) == ["model.safetensors"]  # the weights; card, config and tokenizer stay editable
+    assert resolve_checkpoint(str(final)) == str(final)
+    (final / "README.md").write_text("edited by hand\n")
+    check_init_from(ModelConfig(init_from=str(final)))  # still fine
+    _flip(final / "model.safetensors", (final / "model.safetensors").stat().st_size - 3)
+    why = r"model.safetensors does not match its checksum .*; export it again from its run"
+    with pytest.raises(ConfigError, match=rf"^finetune.checkpoint: {final}: {why}"):
+        resolve_checkpoint(str(final))
+    with pytest.raises(ConfigError, match=rf"^model.init_from={final}: {final}: {why}"):
+        check_init_from(ModelConfig(init_from=str(final)))
+    with pytest.raises(ConfigError, match=rf"^model: {final}: {why}"):
+        load_classifier(str(final))
