@@ -160,8 +160,22 @@ def read_loop_state(folder: Path) -> dict:
         raise TrainingError(
             f"checkpoint {folder}: {LOOP_STATE} is unreadable ({storage.reason(e)})"
         ) from None
+    counters = (
+        "step",
+        "epoch",
+        "batch_in_epoch",
+        "skipped_steps",
+        "consecutive_skips",
+        "tokens_seen",
+        "examples_seen",
+    )
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise TrainingError(f"checkpoint {folder}: {LOOP_STATE} holds no loop state")
+    bad = [
+        k for k in counters if k in state and (not isinstance(state[k], int) or isinstance(state[k], bool))
+    ]
+    if bad:
+        raise TrainingError(f"checkpoint {folder}: {LOOP_STATE}: {bad[0]} is not an integer")
     return state
 
 

@@ -322,3 +322,68 @@ def test_an_export_is_verified_before_it_is_loaded_again(tmp_path, finished):
         check_init_from(ModelConfig(init_from=str(final)))
     with pytest.raises(ConfigError, match=rf"^model: {final}: {why}"):
         load_classifier(str(final))
+
+
+# --------------------------------------------------------------------------------------------------
+# sharded engines keep their own model and optimizer files; the rest is ours
+# --------------------------------------------------------------------------------------------------
+class _Engine:
+    """A stand-in DeepSpeed engine: records what it was asked to save and load."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, str]] = []
+
+    def save_checkpoint(self, folder, tag):
+        self.calls.append(("save", Path(folder).name, tag))
+        (Path(folder) / tag).mkdir()
+        (Path(folder) / tag / "mp_rank_00_model_states.pt").write_bytes(b"engine bytes")
+
+    def load_checkpoint(self, folder, tag):
+        self.calls.append(("load", Path(folder).name, tag))
+
+
+class _Scheduler:
+    def __init__(self):
+        self.state = {"last_epoch": 3, "_last_lr": [1e-4, 1e-4]}
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, d):
+        self.state = d
+
+
+def test_under_deepspeed_the_engine_saves_the_model_and_the_rest_is_plain_state(tmp_path):
+    from types import SimpleNamespace
+
+    engine, sched = _Engine(), _Scheduler()
+    acc = SimpleNamespace(
+        distributed_type="DistributedType.DEEPSPEED",
+        is_main_process=True,
+        process_index=0,
+        _models=[engine],
+        _optimizers=[object()],  # inside the engine: never saved separately
+        _schedulers=[],
+        _custom_objects=[sched],
+        scaler=None,
+    )
+    entries = state_io.write_state(acc, tmp_path)
+    assert engine.calls == [("save", tmp_path.name, "pytorch_model")]
+    assert set(entries) == {"custom_state_0.safetensors", "rng_state_0.safetensors"}
+    assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / "optimizer.safetensors").exists()
+    integrity.write_manifest(tmp_path, "COMPLETE", entries)  # the engine's files are hashed here
+    files = json.loads((tmp_path / "COMPLETE").read_text())["files"]
+    assert "pytorch_model/mp_rank_00_model_states.pt" in files
+    sched.state = {}
+    state_io.read_state(acc, tmp_path, set(files))
+    assert engine.calls[-1] == ("load", tmp_path.name, "pytorch_model")
+    assert sched.state == {"last_epoch": 3, "_last_lr": [1e-4, 1e-4]}
+
+
+def test_a_loop_state_of_the_wrong_types_is_one_line(tmp_path):
+    (tmp_path / ckpt.LOOP_STATE).write_text(json.dumps({"step": 4, "epoch": "1"}))
+    with pytest.raises(TrainingError, match=r"loop_state.json: epoch is not an integer$"):
+        ckpt.read_loop_state(tmp_path)
+    (tmp_path / ckpt.LOOP_STATE).write_bytes(b"\x80\x04crafted")
+    with pytest.raises(TrainingError, match=r"loop_state.json is unreadable"):
+        ckpt.read_loop_state(tmp_path)
