@@ -64,6 +64,8 @@ class FlipRecord:
     """What ``checkpoint.verify`` says of the flipped folder (None: the flip went unnoticed)."""
     warning: str | None = None
     """The resume's one-line warning about the skipped checkpoint."""
+    warnings: int = 0
+    """How many times the resume warned about it (once)."""
     resumed_from: str | None = None
     detected: bool = False
     resumed_previous: bool = False
@@ -111,9 +113,10 @@ def run_trial(
     )
     runner.run(kill.write_run_config(cfg, resume=True), log)
     skipped = [m for m in map(_SKIPPED.search, log.read_text(errors="replace").splitlines()) if m]
-    rec.warning = next((m.group(0) for m in skipped if m.group(1).endswith(newest.name)), None)
+    about = [m.group(0) for m in skipped if m.group(1).endswith(newest.name)]
+    rec.warning, rec.warnings = (about[0] if about else None), len(about)
     rec.resumed_from = json.loads((out / "summary.json").read_text())["resumed_from"]
-    rec.detected = rec.warning is not None
+    rec.detected = rec.warnings == 1
     rec.resumed_previous = bool(rec.resumed_from) and rec.resumed_from.endswith(previous)
     rec.problems = kill.compare(reference, out)
     rec.identical = not rec.problems
