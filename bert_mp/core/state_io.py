@@ -370,8 +370,8 @@ def read_state(accelerator: Any, folder: Path, files: set[str], legacy: bool = F
         name = _indexed("scheduler", i, "bin") if legacy else f"scheduler_{i}.safetensors"
         _apply(name, sched.load_state_dict, load(folder / name))
     _read_custom(accelerator, folder, files, load, legacy)
-    if accelerator.scaler is not None:
-        name = "scaler.pt" if legacy else "scaler.safetensors"
+    name = "scaler.pt" if legacy else "scaler.safetensors"
+    if accelerator.scaler is not None and name in files:  # none saved: resumed into fp16, a fresh scale
         _apply(name, accelerator.scaler.load_state_dict, load(folder / name))
     rank = accelerator.process_index
     name = f"random_states_{rank}.pkl" if legacy else rng_file(rank)

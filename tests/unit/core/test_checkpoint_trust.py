@@ -387,3 +387,14 @@ def test_a_loop_state_of_the_wrong_types_is_one_line(tmp_path):
     (tmp_path / ckpt.LOOP_STATE).write_bytes(b"\x80\x04crafted")
     with pytest.raises(TrainingError, match=r"loop_state.json is unreadable"):
         ckpt.read_loop_state(tmp_path)
+
+
+def test_a_resume_into_fp16_from_an_fp32_checkpoint_starts_a_fresh_loss_scale(tmp_path, prepared):
+    cfg = tiny_config(tmp_path / "run", max_steps=2, save_every=2, export=False)
+    train_mod.train(cfg, load_fixture(prepared))
+    assert not (tmp_path / "run" / "checkpoints" / "step_00000002" / "scaler.safetensors").exists()
+    cfg = tiny_config(
+        tmp_path / "run", max_steps=3, save_every=2, export=False, precision="fp16", resume="latest"
+    )
+    summary = train_mod.train(cfg, load_fixture(prepared))
+    assert summary["resumed_from"].endswith("step_00000002") and summary["steps"] == 3
