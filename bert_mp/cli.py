@@ -13,8 +13,9 @@ import importlib
 import os
 import signal
 import sys
+import warnings
 
-from bert_mp.errors import BertMPError, Interrupted
+from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
 COMMANDS = {
@@ -103,10 +104,23 @@ def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     return config, rest
 
 
+_PLAIN_FORMAT = warnings.formatwarning
+_SPEAKER = ["bert-mp"]
+
+
+def _format_warning(message, category, filename, lineno, line=None):  # noqa: ANN001 (warnings' signature)
+    """:class:`BertMPWarning` as ``bert-mp <command>: warning: ...`` (no source line under it)."""
+    if issubclass(category, BertMPWarning):
+        return f"{_SPEAKER[0]}: warning: {message}\n"
+    return _PLAIN_FORMAT(message, category, filename, lineno, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
+    _SPEAKER[0] = f"bert-mp {ns.command}"
+    warnings.formatwarning = _format_warning
     module_name, func_name, _ = COMMANDS[ns.command]
     try:
         if ns.command in CHECKED_FIRST:
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     except KeyboardInterrupt as e:  # Ctrl-C
         if debug:
             raise

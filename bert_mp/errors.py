@@ -38,3 +38,15 @@ class Interrupted(KeyboardInterrupt):
 
         name = signal.Signals(self.signum).name
         return f"bert-mp {command}: interrupted ({name})" + (f"; {self.detail}" if self.detail else "")
+
+
+class StorageError(TrainingError):
+    """A write failed (disk full, I/O error, permissions): the partial output was removed and what was
+    complete before is intact. The CLI exits with ``exit_code`` (4); a training run records it as
+    failed, like any :class:`TrainingError`."""
+
+    exit_code = 4
+
+
+class BertMPWarning(UserWarning):
+    """A warning the CLI prints as one line (``bert-mp <command>: warning: ...``), without the source line."""

@@ -1,17 +1,19 @@
-"""Atomic training checkpoints, discovery of the latest complete one, and the HF export.
+"""Atomic training checkpoints, verified by content before anything is loaded; the HF export.
 
-A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXXX``: ``accelerator.save_state`` (model,
-optimizer, scaler, scheduler, RNG of every rank), then ``loop_state.json`` (step, epoch, data
-position), then the ``COMPLETE`` marker listing every file with its size, and only then renamed to
-``checkpoints/step_XXXXXXXX``. A folder without the marker, or whose files do not match it (a
-truncated write), is never loaded: :func:`find_latest` skips it with a warning.
+A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXXX``: the training state without pickle
+(:mod:`bert_mp.core.state_io`: model, optimizer, scheduler, GradScaler, RNG of every rank, hashed
+while written), then ``loop_state.json`` (step, epoch, data position), then the ``COMPLETE``
+manifest listing every file with its size and xxh3-128 digest (:mod:`bert_mp.core.integrity`), and
+only then renamed to ``checkpoints/step_XXXXXXXX``. A folder without the manifest, or whose files
+do not match it (truncated, a flipped bit, overwritten), is never loaded: :func:`find_latest` skips it
+with a one-line warning, and naming it as ``train.resume`` is a one-line error. A failing write (disk
+full) removes the partial folder and ends with one line (:class:`bert_mp.errors.StorageError`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import json
-import logging
 import os
 import re
 import shutil
@@ -20,9 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core import integrity, state_io, storage
 from bert_mp.core.export import finish_hf_folder
-from bert_mp.core.io import atomic_write_json
-from bert_mp.errors import TrainingError
+from bert_mp.errors import BertMPWarning, TrainingError
 
 MARKER = "COMPLETE"
 LOOP_STATE = "loop_state.json"
@@ -64,40 +66,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _manifest(folder: Path) -> dict[str, int]:
-    """Relative path -> size of every file in ``folder`` except the marker."""
-    return {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MARKER
-    }
-
-
-def write_marker(folder: Path) -> None:
-    """Write the completion marker last: it lists what a complete checkpoint holds."""
-    atomic_write_json(folder / MARKER, {"files": _manifest(folder)})
+_ABSENT = "no COMPLETE marker (interrupted while saving)"
 
 
 def verify(folder: Path) -> str | None:
-    """None when ``folder`` is a complete checkpoint, else why it is not."""
-    marker = folder / MARKER
-    if not marker.is_file():
-        return "no COMPLETE marker (interrupted while saving)"
-    try:
-        expected = json.loads(marker.read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable COMPLETE marker"
-    if not isinstance(expected, dict):  # valid JSON of another shape must not crash the scan
-        return "unreadable COMPLETE marker"
-    actual = _manifest(folder)
-    for name, size in expected.items():
-        if name not in actual:
-            return f"missing file {name}"
-        if actual[name] != size:
-            return f"{name} has {actual[name]} bytes, expected {size} (truncated or altered)"
-    if LOOP_STATE not in expected:
+    """None when ``folder`` is a complete checkpoint whose files match their recorded sizes and digests,
+    else why it is not (a few words naming the file)."""
+    verdict = integrity.check(folder, MARKER, _ABSENT, "COMPLETE marker")
+    if verdict.problem:
+        return verdict.problem
+    if LOOP_STATE not in verdict.files:
         return f"no {LOOP_STATE}"
     return None
+
+
+def is_hashed(folder: Path) -> bool:
+    """Whether the checkpoint's manifest has content digests (False: an older, size-only one)."""
+    return integrity.check(folder, MARKER, _ABSENT).hashed
+
+
+def size_only_note(folder: Path) -> str:
+    return (
+        f"checkpoint {folder} has a size-only manifest (written before content checksums): its file sizes "
+        "were checked, not their contents; its pickled files are read with weights_only=True"
+    )
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -108,20 +100,45 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
 
 
-def find_latest(ckpt_dir: Path) -> Path | None:
-    """The newest complete checkpoint; incomplete or corrupt ones are skipped with a warning."""
+def newest_verified(ckpt_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies, silently (for messages; :func:`find_latest` warns)."""
+    return next((p for p in reversed(list_checkpoints(Path(ckpt_dir))) if verify(p) is None), None)
+
+
+def find_latest(ckpt_dir: Path, quiet: bool = False) -> Path | None:
+    """The newest checkpoint that verifies; each newer one is skipped with a one-line warning saying why
+    (``quiet``: without it, for a look-ahead whose caller resolves again and warns then)."""
     for folder in reversed(list_checkpoints(Path(ckpt_dir))):
         problem = verify(folder)
         if problem is None:
             return folder
-        warnings.warn(f"skipping checkpoint {folder}: {problem}", stacklevel=2)
+        if not quiet:
+            warnings.warn(f"skipping checkpoint {folder}: {problem}", BertMPWarning, stacklevel=2)
     return None
 
 
-def resolve_resume(resume: str, ckpt_dir: Path, key: str = "train.resume") -> Path | None:
-    """``latest`` -> newest complete checkpoint (None when there is none); a path -> that, verified."""
+def damaged_outputs(run_dir: Path) -> str | None:
+    """Why a finished run's saved state cannot be reused as it is - its newest checkpoint or its
+    export (``final/``) does not verify - or None when both do (or it has none)."""
+    from bert_mp.core.export import CHECKSUMS
+
+    run_dir = Path(run_dir)
+    newest = list_checkpoints(run_dir / "checkpoints")[-1:]
+    if newest and (problem := verify(newest[0])):
+        return f"its checkpoint {newest[0].name} does not verify ({problem})"
+    final = run_dir / "final"
+    if (final / CHECKSUMS).is_file() and (problem := integrity.check(final, CHECKSUMS, "").problem):
+        return f"its export final/ does not verify ({problem})"
+    return None
+
+
+def resolve_resume(
+    resume: str, ckpt_dir: Path, key: str = "train.resume", quiet: bool = False
+) -> Path | None:
+    """``latest`` -> newest complete checkpoint (None when there is none; ``quiet``: skipped ones are
+    not warned about); a path -> that, verified."""
     if resume == "latest":
-        return find_latest(ckpt_dir)
+        return find_latest(ckpt_dir, quiet)
     folder = Path(resume).expanduser()
     if (folder / "checkpoints").is_dir() and not (folder / MARKER).is_file():
         raise TrainingError(
@@ -140,66 +157,132 @@ def resolve_resume(resume: str, ckpt_dir: Path, key: str = "train.resume") -> Pa
     return folder
 
 
-def save_checkpoint(accelerator: Any, ckpt_dir: Path, step: int, loop_state: dict, total_limit: int) -> Path:
+def read_loop_state(folder: Path) -> dict:
+    """``loop_state.json`` of a checkpoint; a one-line :class:`TrainingError` when it is not a JSON object."""
+    try:
+        state = json.loads((Path(folder) / LOOP_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TrainingError(
+            f"checkpoint {folder}: {LOOP_STATE} is unreadable ({storage.reason(e)})"
+        ) from None
+    counters = (
+        "step",
+        "epoch",
+        "batch_in_epoch",
+        "skipped_steps",
+        "consecutive_skips",
+        "tokens_seen",
+        "examples_seen",
+    )
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise TrainingError(f"checkpoint {folder}: {LOOP_STATE} holds no loop state")
+    bad = [
+        k for k in counters if k in state and (not isinstance(state[k], int) or isinstance(state[k], bool))
+    ]
+    if bad:
+        raise TrainingError(f"checkpoint {folder}: {LOOP_STATE}: {bad[0]} is not an integer")
+    return state
+
+
+def save_checkpoint(
+    accelerator: Any,
+    ckpt_dir: Path,
+    step: int,
+    loop_state: dict,
+    total_limit: int,
+    resume_key: str = "train.resume",
+) -> Path:
     """Save atomically on every rank (collective); returns the final folder.
 
-    A failing write (disk full, permissions) removes the partial folder and raises
-    :class:`TrainingError`; the complete checkpoints already on disk are left untouched.
+    A failing write (disk full, I/O error, permissions) on any rank removes the partial folder and
+    raises :class:`bert_mp.errors.StorageError` on every rank; the complete checkpoints already on
+    disk are left untouched.
     """
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / checkpoint_name(step)
     tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}"
-    try:
-        if accelerator.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            _pause_point(step, "empty")
-        accelerator.wait_for_everyone()
-        with _quiet_tied_weights():
-            accelerator.save_state(str(tmp))
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            _pause_point(step, "state")
-            atomic_write_json(tmp / LOOP_STATE, loop_state)
-            _pause_point(step, "loop_state")
-            write_marker(tmp)
-            _fsync_dir(tmp)
-            _pause_point(step, "marker")
-            if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync_dir(ckpt_dir)
-            rotate(ckpt_dir, total_limit)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint only holds space
-        previous = next((p for p in reversed(list_checkpoints(ckpt_dir)) if verify(p) is None), None)
-        kept = (
-            f"the previous checkpoint {previous.name} is intact"
-            if previous
-            else "no earlier checkpoint exists"
+    main = accelerator.is_main_process
+    failure = _attempt(lambda: _start_folder(tmp, step) if main else None)
+    failure = _agree(accelerator, failure)
+    entries: dict[str, dict] = {}
+    if failure is None:
+        failure = _agree(
+            accelerator, _attempt(lambda: entries.update(state_io.write_state(accelerator, tmp)))
         )
-        raise TrainingError(
-            f"could not write checkpoint {final.name} in {ckpt_dir}: {e}; {kept}. Free disk space and rerun "
-            "with train.resume=latest."
-        ) from e
-    accelerator.wait_for_everyone()
+    if failure is None and main:
+        failure = _attempt(lambda: _finish_folder(tmp, final, step, loop_state, entries, total_limit))
+    failure = _agree(accelerator, failure)
+    if failure is not None:
+        storage.remove_quietly(tmp)  # a partial checkpoint only holds space
+        raise _save_failed(accelerator, ckpt_dir, final, failure, resume_key)
     return final
 
 
-@contextlib.contextmanager
-def _quiet_tied_weights():
-    """Silence Accelerate's per-save notice that the tied MLM decoder weight was de-duplicated.
-
-    The decoder shares the word-embedding matrix; safetensors stores it once and loading re-ties it
-    (the exact-resume test covers this), so the notice is noise on every checkpoint.
-    """
-    log = logging.getLogger("accelerate.utils.other")
-    level = log.level
-    log.setLevel(logging.ERROR)
+def _attempt(fn: Any) -> BaseException | None:
+    """Run ``fn``; return the storage failure it raised (None when it succeeded)."""
     try:
-        yield
-    finally:
-        log.setLevel(level)
+        fn()
+    except Exception as e:
+        if storage.write_failure(e) is None:
+            raise
+        return e
+    return None
+
+
+def _agree(accelerator: Any, failure: BaseException | None) -> BaseException | None:
+    """Every rank learns whether any rank failed (one all-reduce; a barrier too), so none waits forever."""
+    if accelerator.num_processes == 1:
+        return failure
+    import torch
+
+    flag = torch.tensor([0.0 if failure is None else 1.0], device=accelerator.device)
+    if accelerator.reduce(flag, reduction="sum").item() and failure is None:
+        return OSError(errno.EIO, "the checkpoint write failed on another process")
+    return failure
+
+
+def _start_folder(tmp: Path, step: int) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _pause_point(step, "empty")
+
+
+def _finish_folder(
+    tmp: Path, final: Path, step: int, loop_state: dict, entries: dict[str, dict], total_limit: int
+) -> None:
+    """Main process: loop state, manifest, rename into place, rotation."""
+    _pause_point(step, "state")
+    entries[LOOP_STATE] = integrity.write_json(tmp / LOOP_STATE, loop_state)
+    _pause_point(step, "loop_state")
+    integrity.write_manifest(tmp, MARKER, entries)  # other ranks' RNG files are hashed here
+    _fsync_dir(tmp)
+    _pause_point(step, "marker")
+    if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    integrity.remember(final, MARKER)
+    rotate(final.parent, total_limit)
+
+
+def _save_failed(
+    accelerator: Any, ckpt_dir: Path, final: Path, exc: BaseException, resume_key: str
+) -> TrainingError:
+    """The one line a failed save ends with: where, why, free space, size, what is intact, what to do."""
+    previous = newest_verified(ckpt_dir)
+    kept = (
+        f"the last complete checkpoint, {previous.name}, is intact"
+        if previous
+        else "no complete checkpoint was saved before"
+    )
+    needed = storage.folder_bytes(previous) if previous else state_io.estimate_bytes(accelerator)
+    return storage.storage_error(
+        f"checkpoint {final.name}",
+        ckpt_dir,
+        exc,
+        needed,
+        f"{kept}. Free disk space (or lower save_total_limit) and rerun with {resume_key}=latest",
+    )
 
 
 def rotate(ckpt_dir: Path, total_limit: int) -> None:
@@ -212,35 +295,56 @@ def rotate(ckpt_dir: Path, total_limit: int) -> None:
 
 
 def load_checkpoint(accelerator: Any, folder: Path) -> dict:
-    """Restore model/optimizer/scaler/scheduler/RNG from a verified checkpoint; returns the loop state."""
+    """Restore model/optimizer/scaler/scheduler/RNG from a verified checkpoint; returns the loop state.
+
+    Nothing is read before the folder verifies; nothing read can execute code (:mod:`.state_io`).
+    """
     folder = Path(folder)
     problem = verify(folder)
     if problem:
         raise TrainingError(f"checkpoint {folder} is not complete: {problem}")
-    accelerator.load_state(str(folder))
-    return json.loads((folder / LOOP_STATE).read_text(encoding="utf-8"))
+    verdict = integrity.check(folder, MARKER, _ABSENT)
+    if not verdict.hashed:
+        warnings.warn(size_only_note(folder), BertMPWarning, stacklevel=2)
+    loop_state = read_loop_state(folder)
+    try:
+        state_io.read_state(accelerator, folder, set(verdict.files), legacy=not verdict.hashed)
+    except state_io.StateFileError as e:
+        raise TrainingError(f"checkpoint {folder}: {e}") from None
+    return loop_state
 
 
 def export_pretrained(
     accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: Path, card_facts: dict | None = None
 ) -> Path | None:
     """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer,
-    with the tokenizer's length limit and a model card (:func:`bert_mp.export.finish_hf_folder`).
+    with the tokenizer's length limit, a model card and weight checksums (:func:`bert_mp.export.finish_hf_folder`).
 
     ``wrapped`` is the prepared :class:`bert_mp.model.bert.PretrainingModel`; its full state dict is
-    gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native.
+    gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native. A failing
+    write removes the partial folder and raises :class:`bert_mp.errors.StorageError`.
     """
     out_dir = Path(out_dir)
     state = accelerator.get_state_dict(wrapped)
     inner = accelerator.unwrap_model(wrapped).model
     if accelerator.is_main_process:
-        tmp = out_dir.with_name(f".tmp-{out_dir.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
         hf_state = {k.removeprefix("model."): v for k, v in state.items()}
-        inner.save_pretrained(tmp, state_dict=hf_state, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        finish_hf_folder(tmp, "pretraining", inner.config.max_position_embeddings, card_facts or {})
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
+
+        def write(tmp: Path) -> None:
+            inner.save_pretrained(tmp, state_dict=hf_state, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            finish_hf_folder(tmp, "pretraining", inner.config.max_position_embeddings, card_facts or {})
+
+        checkpoints = out_dir.parent / "checkpoints"
+        storage.write_folder_atomically(
+            out_dir,
+            write,
+            "the export",
+            sum(t.numel() * t.element_size() for t in hf_state.values()),
+            lambda: (
+                f"the checkpoints in {checkpoints} are intact. Free disk space and rerun with "
+                "train.resume=latest (it redoes only the final evaluation and the export)"
+            ),
+        )
     accelerator.wait_for_everyone()
     return out_dir

@@ -1,8 +1,9 @@
 """When and what a training loop checkpoints; the atomic writing itself is :mod:`bert_mp.core.checkpoint`.
 
-A checkpoint holds Accelerate's state (model, optimizer, scaler, scheduler, RNG of every rank) and
-one JSON payload: the loop state plus the state of every callback, so a resumed run's monitors
-cover the whole run.
+A checkpoint holds the training state (model, optimizer, scaler, scheduler, RNG of every rank; no
+pickle, see :mod:`bert_mp.core.state_io`) and one JSON payload: the loop state plus the state of
+every callback, so a resumed run's monitors cover the whole run. Before each save the free space is
+compared with the size of the last checkpoint, and a save that will not fit is warned about once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core import checkpoint as ckpt
+from bert_mp.core import storage
 from bert_mp.core.loop import LoopState
+from bert_mp.errors import BertMPWarning
 
 
 class Checkpointer:
@@ -31,6 +34,7 @@ class Checkpointer:
         self.last_saved: Path | None = None
         """The newest checkpoint this loop wrote or resumed from (the last good state)."""
         self._clock: tuple[float, float] = (time.perf_counter(), 0.0)
+        self._warned_space = False
 
     def restore(self, resume: str | None, state: LoopState) -> str | None:
         """Load the checkpoint ``resume`` names into the accelerator, ``state`` and the callbacks.
@@ -42,6 +46,7 @@ class Checkpointer:
             if folder is None:
                 warnings.warn(
                     f"{self.resume_key}=latest: no complete checkpoint in {self.dir}; starting fresh",
+                    BertMPWarning,
                     stacklevel=2,
                 )
             else:
@@ -78,7 +83,25 @@ class Checkpointer:
             if hasattr(cb, "state_dict")
         }
         payload["meta"] = self.meta
+        self.check_room()
         self.last_saved = ckpt.save_checkpoint(
-            self.accelerator, self.dir, state.step, payload, self.total_limit
+            self.accelerator, self.dir, state.step, payload, self.total_limit, self.resume_key
         )
         return self.last_saved
+
+    def check_room(self) -> None:
+        """Warn once when the free space is below the size of the last checkpoint: the next save will
+        likely fail (it is written in full before the oldest one is rotated out)."""
+        if self._warned_space or self.last_saved is None or not self.accelerator.is_main_process:
+            return
+        need = storage.folder_bytes(self.last_saved)
+        free = storage.free_bytes(self.dir)
+        if free is not None and free < need:
+            self._warned_space = True
+            warnings.warn(
+                f"{self.dir}: {storage.human_bytes(free)} free, the last checkpoint took "
+                f"{storage.human_bytes(need)}: this save will probably not fit; free disk space or "
+                f"lower {self.resume_key.split('.')[0]}.save_total_limit",
+                BertMPWarning,
+                stacklevel=2,
+            )

@@ -4,8 +4,11 @@
 Every folder bert_mp writes for other tools (pretraining ``final/``, fine-tuning ``final/``, and
 ``bert-mp export``) goes through :func:`finish_hf_folder`: the tokenizer gets
 ``model_max_length`` = the model's position embeddings (so ``pipeline(..., truncation=True)`` cuts
-long inputs instead of crashing) and the folder gets a ``README.md`` model card saying what it is,
-what it was trained on, how, and how to load it.
+long inputs instead of crashing), the folder gets a ``README.md`` model card saying what it is,
+what it was trained on, how, and how to load it, and ``checksums.json`` with the size and xxh3-128
+digest of its weight files, which bert_mp verifies before it loads the folder again
+(``finetune.checkpoint``, ``model.init_from``, ``bert-mp predict``). The card, config and tokenizer
+are not covered: they are meant to be edited.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core import integrity, storage
 from bert_mp.errors import ConfigError
 
 CARD = "README.md"
+CHECKSUMS = "checksums.json"
+"""The weight files of an export with their sizes and digests (an :mod:`bert_mp.core.integrity` manifest)."""
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
 _CARD_TASK = {"pretraining": "fill-mask", "classification": "text-classification"}
 
 
@@ -67,11 +74,25 @@ _LOAD = {
 
 
 def finish_hf_folder(folder: Path, kind: str, max_positions: int, facts: dict[str, Any]) -> None:
-    """The tokenizer length limit and the model card of a ``save_pretrained`` folder."""
+    """The tokenizer length limit, the model card and the weight checksums of a ``save_pretrained`` folder."""
     folder = Path(folder)
     set_tokenizer_max_length(folder, max_positions)
     card = model_card(kind, facts, _LOAD[kind].format(path=folder.name))
     (folder / CARD).write_text(card, encoding="utf-8")
+    integrity.write_manifest(folder, CHECKSUMS, only=lambda rel: rel.endswith(_WEIGHT_SUFFIXES))
+
+
+def verify_export(folder: str | Path, key: str) -> None:
+    """Before loading a Hugging Face folder: when bert_mp wrote it (it has ``checksums.json``), its
+    weights must match their digests; else :class:`ConfigError` naming ``key`` and the file."""
+    folder = Path(folder)
+    if not (folder / CHECKSUMS).is_file():
+        return  # not written by bert_mp (or before checksums): nothing recorded to compare with
+    problem = integrity.check(folder, CHECKSUMS, "", CHECKSUMS).problem
+    if problem:
+        raise ConfigError(
+            f"{key}: {folder}: {problem}; export it again from its run (bert-mp export RUN_FOLDER)"
+        )
 
 
 def pretraining_facts(cfg: Any, steps: int, precision: str, final_eval: dict | None, data: dict) -> dict:
@@ -121,20 +142,34 @@ def locate_checkpoint(ref: str | Path) -> tuple[Path, Path]:
 
 
 def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
-    """Rebuild ``BertForPreTraining`` from a checkpoint and write a Hugging Face folder (default ``<run>/export-step_N``)."""
-    from safetensors.torch import load_file
+    """Rebuild ``BertForPreTraining`` from a checkpoint and write a Hugging Face folder (default ``<run>/export-step_N``).
+
+    The checkpoint is verified (sizes and digests) before any of it is read; the folder is written
+    atomically, and a full disk ends in one line (:class:`bert_mp.errors.StorageError`).
+    """
+    import warnings
+
     from transformers import AutoTokenizer, BertConfig, BertForPreTraining
+    from transformers.utils import logging as hf_logging
 
     from bert_mp.core import checkpoint as ckpt
     from bert_mp.core.config import load_config
     from bert_mp.data.prepare import cache_path
+    from bert_mp.errors import BertMPWarning, TrainingError
     from bert_mp.model.bert import bert_config
 
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar is noise in a one-shot command
     folder, run = locate_checkpoint(ref)
     if not (run / "config.yaml").is_file():
         raise ConfigError(
             f"{run}: no config.yaml (the checkpoint's run folder is needed to rebuild the model)"
         )
+    if not ckpt.is_hashed(folder):
+        warnings.warn(ckpt.size_only_note(folder), BertMPWarning, stacklevel=2)
+    try:
+        loop_state = ckpt.read_loop_state(folder)
+    except TrainingError as e:
+        raise ConfigError(str(e)) from None
     cfg = load_config(run / "config.yaml")
     summary_path = run / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
@@ -144,12 +179,7 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
             f"{data}: the run's prepared data (its tokenizer) is gone; run `bert-mp prepare {run / 'config.yaml'}` first"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(data / "tokenizer"))
-    summary = run / "summary.json"
-    model_conf = (
-        json.loads(summary.read_text(encoding="utf-8")).get("model", {}).get("config")
-        if summary.is_file()
-        else None
-    )
+    model_conf = summary.get("model", {}).get("config")
     if model_conf:
         bcfg = BertConfig(**model_conf)
     else:
@@ -157,8 +187,43 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
         bcfg = bert_config(
             cfg.model, int(cfg.model.vocab_size or stats["model_vocab_size"]), tokenizer.pad_token_id
         )
-    model = BertForPreTraining(bcfg)
-    state = {k.removeprefix("model."): v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    model = _checkpoint_model(folder, BertForPreTraining(bcfg))
+    step = loop_state["step"]
+    dest = Path(out) if out else run / f"export-{folder.name}"
+    facts = pretraining_facts(
+        cfg,
+        step,
+        cfg.train.precision,
+        None,
+        {"fingerprint": (loop_state.get("meta") or {}).get("data_fingerprint")},
+    )
+    facts["checkpoint"] = f"{folder.name} of {run.name} (exported with bert-mp export)"
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        finish_hf_folder(tmp, "pretraining", bcfg.max_position_embeddings, facts)
+
+    needed = sum(p.numel() * p.element_size() for p in model.parameters())
+    storage.write_folder_atomically(
+        dest,
+        write,
+        "the export",
+        needed,
+        lambda: f"{folder} is untouched. Free disk space and run bert-mp export again",
+    )
+    return dest
+
+
+def _checkpoint_model(folder: Path, model: Any) -> Any:
+    """``model`` with the weights of a verified checkpoint's ``model.safetensors`` (keys HF-native)."""
+    from bert_mp.core.state_io import StateFileError, read_safetensors
+
+    try:
+        tensors, _ = read_safetensors(folder / "model.safetensors")
+    except StateFileError as e:
+        raise ConfigError(f"{folder}: {e}") from None
+    state = {k.removeprefix("model."): v for k, v in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
     if unexpected or set(missing) - tied:
@@ -167,17 +232,7 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
             f"unexpected {unexpected[:3]})"
         )
     model.tie_weights()
-    step = json.loads((folder / ckpt.LOOP_STATE).read_text(encoding="utf-8"))["step"]
-    dest = Path(out) if out else run / f"export-{folder.name}"
-    model.save_pretrained(dest, safe_serialization=True)
-    tokenizer.save_pretrained(dest)
-    meta = json.loads((folder / ckpt.LOOP_STATE).read_text(encoding="utf-8")).get("meta", {})
-    facts = pretraining_facts(
-        cfg, step, cfg.train.precision, None, {"fingerprint": meta.get("data_fingerprint")}
-    )
-    facts["checkpoint"] = f"{folder.name} of {run.name} (exported with bert-mp export)"
-    finish_hf_folder(dest, "pretraining", bcfg.max_position_embeddings, facts)
-    return dest
+    return model
 
 
 def command(ref: str, out: str | None = None) -> int:

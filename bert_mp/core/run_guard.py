@@ -126,7 +126,6 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
     is prepared already (the trainer checks again once it has prepared or loaded it), so that the
     run folder is left as it was (config.yaml included)."""
     import json
-    import warnings
 
     from bert_mp.core import checkpoint as ckpt
     from bert_mp.data.prepare import cache_path, is_complete
@@ -134,12 +133,10 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
     data = cache_path(cfg.data)
     if not is_complete(data):
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # skipped checkpoints are reported once, by the restore
-        folder = ckpt.resolve_resume(resume, checkpoints)
+    folder = ckpt.resolve_resume(resume, checkpoints, quiet=True)  # skipped ones are reported elsewhere
     if folder is None:
         return
-    state = json.loads((folder / ckpt.LOOP_STATE).read_text(encoding="utf-8"))
+    state = ckpt.read_loop_state(folder)
     trained_on = (state.get("meta") or {}).get("data_fingerprint")
     now = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("fingerprint")
     if trained_on and now and trained_on != now:

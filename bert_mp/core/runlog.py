@@ -1,8 +1,12 @@
 """What a training run writes besides checkpoints: config.yaml, metrics.jsonl, summary.json,
-Accelerate trackers and the progress bar. Only the main process writes files."""
+Accelerate trackers and the progress bar. Only the main process writes files; a write the disk
+refuses ends the run with one line (:class:`bert_mp.errors.StorageError`), not a traceback."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,7 @@ from bert_mp.core.callbacks import finite_or_none
 from bert_mp.core.config import config_to_dict, save_config
 from bert_mp.core.io import JsonlWriter, atomic_write_json, read_jsonl
 from bert_mp.core.run_guard import clear_run
+from bert_mp.errors import BertMPError, BertMPWarning
 
 
 def clean(logs: dict) -> dict:
@@ -49,9 +54,34 @@ class RunLog:
         if self.main:
             if self.section.overwrite_output_dir and not self.section.resume:
                 clear_run(self.out)
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, self.out / "config.yaml")
+            with self.refused("config.yaml"):
+                self.out.mkdir(parents=True, exist_ok=True)
+                save_config(self.cfg, self.out / "config.yaml")
         self.accelerator.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def refused(self, what: str) -> Iterator[None]:
+        """A write the storage refuses becomes one line naming the run's last complete checkpoint."""
+        from bert_mp.core import checkpoint, storage
+
+        try:
+            yield
+        except OSError as e:
+            if storage.write_failure(e) is None:
+                raise
+            newest = checkpoint.newest_verified(self.out / "checkpoints")
+            kept = (
+                f"the last complete checkpoint, {newest.name}, is intact"
+                if newest
+                else "no checkpoint was saved"
+            )
+            raise storage.storage_error(
+                what,
+                self.out,
+                e,
+                None,
+                f"{kept}. Free disk space and rerun with {self.section.SECTION}.resume=latest",
+            ) from None
 
     def open(
         self, resumed_step: int | None, rerun_eval_step: int | None = None, changes: dict | None = None
@@ -73,12 +103,13 @@ class RunLog:
                     if r.get("step", 0) <= resumed_step
                     and not (r.get("kind") == "eval" and r.get("step") == rerun_eval_step)
                 ]
-            self.writer = JsonlWriter(path)
-            for r in kept:
-                self.writer.write(r)
-            if resumed_step is not None and changes:
-                row = {k: {"old": a, "new": b} for k, (a, b) in changes.items()}
-                self.writer.write({"step": resumed_step, "kind": "config_change", "changes": row})
+            with self.refused("metrics.jsonl"):
+                self.writer = JsonlWriter(path)
+                for r in kept:
+                    self.writer.write(r)
+                if resumed_step is not None and changes:
+                    row = {k: {"old": a, "new": b} for k, (a, b) in changes.items()}
+                    self.writer.write({"step": resumed_step, "kind": "config_change", "changes": row})
         if self.log_with:
             self.accelerator.init_trackers("bert_mp", config=_flat_scalars(config_to_dict(self.cfg)))
 
@@ -91,7 +122,8 @@ class RunLog:
     def write(self, row: dict) -> None:
         """One metrics.jsonl row (every step and evaluation)."""
         if self.writer:
-            self.writer.write(clean(row))
+            with self.refused("metrics.jsonl"):
+                self.writer.write(clean(row))
 
     def track(self, logs: dict, step: int) -> None:
         """Float metrics to the experiment trackers."""
@@ -122,9 +154,17 @@ class RunLog:
         """summary.json, then close the log and the trackers."""
         self.close_bar()
         if self.main:
-            atomic_write_json(self.out / "summary.json", clean(summary))
+            try:
+                with self.refused("summary.json"):
+                    atomic_write_json(self.out / "summary.json", clean(summary))
+            except BertMPError as e:
+                if summary.get("status") != "failed":
+                    raise
+                # the run is failing already (often for the same full disk): its error is the one to see
+                warnings.warn(str(e), BertMPWarning, stacklevel=2)
         if self.writer:
-            self.writer.close()
+            with contextlib.suppress(OSError):  # flushed line by line: nothing is pending
+                self.writer.close()
             self.writer = None
         if self.log_with:
             self.accelerator.end_training()

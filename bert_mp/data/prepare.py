@@ -1266,9 +1266,12 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                 atomic_write_json(tmp / "stats.json", stats)
                 (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
                 _publish(tmp, final)
-            except BaseException:
+            except BaseException as e:
                 if caught.signum is None:
-                    raise
+                    refused = _refused_write(e, final, tmp, was_complete)
+                    if refused is None:
+                        raise
+                    raise refused from None
                 # whatever unwinding the worker pools raised on the way (datasets chains a TimeoutError)
                 raise Interrupted(caught.signum, _left_behind(final, tmp, was_complete)) from None
     finally:
@@ -1276,6 +1279,24 @@ def prepare(cfg: Config, force: bool = False) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     print_summary(stats, final)
     return final
+
+
+def _refused_write(e: BaseException, final: Path, tmp: Path, was_complete: bool) -> BaseException | None:
+    """A build the disk refused (full, read-only, I/O error) as one line, else None (re-raise ``e``)."""
+    from bert_mp.core import storage
+
+    if not isinstance(e, Exception) or storage.write_failure(e) is None:
+        return None
+    written, left = storage.human_bytes(storage.folder_bytes(tmp)), _left_behind(final, tmp, was_complete)
+    storage.remove_quietly(tmp)  # before the free space is measured: it only held space
+    return storage.storage_error(
+        "the prepared data",
+        final.parent,
+        e,
+        None,
+        f"the build had written {written} when it stopped (it needs more); {left}. Free disk space "
+        "(or set data.cache_dir to a larger disk) and run bert-mp prepare again",
+    )
 
 
 def _left_behind(final: Path, tmp: Path, was_complete: bool) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bert_mp.core.export import verify_export
 from bert_mp.core.hub import resolve_hub_model
 from bert_mp.core.io import atomic_write_json, looks_like_local_path
 from bert_mp.errors import ConfigError, DataError
@@ -51,6 +52,8 @@ def load_classifier(ref: str) -> tuple[Any, Any, TaskRecord | None]:
             raise ConfigError(f"{ref}: no such folder")
         found = resolve_hub_model(ref, "predict MODEL")  # one quick question, no retries
         path = Path(found) if found != ref else path
+    if path.is_dir():
+        verify_export(path, "model")  # weights bert_mp wrote must still be the ones it wrote
     source = str(path) if path.is_dir() else ref
     try:
         model = AutoModelForSequenceClassification.from_pretrained(source)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +29,7 @@ from torch.utils.data import DataLoader, Sampler
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.config import Config, load_config
-from bert_mp.core.export import finish_hf_folder
+from bert_mp.core.export import finish_hf_folder, verify_export
 from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.hub import resolve_hub_model
 from bert_mp.core.io import looks_like_local_path
@@ -40,6 +38,7 @@ from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
+from bert_mp.core.storage import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.finetune.tasks import (
     LabelSpace,
@@ -145,6 +144,7 @@ def _check_local_checkpoint(path: Path, ref: str) -> str:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
     _check_model_type(str(path), model_type)
+    verify_export(path, "finetune.checkpoint")
     return str(path)
 
 
@@ -618,16 +618,23 @@ class FineTuner:
         out = Path(self.ft.output_dir)
         final_dir = out / "final"
         if self.accelerator.is_main_process:
-            tmp = out / ".tmp-final"
-            shutil.rmtree(tmp, ignore_errors=True)
-            inner.save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
-            self.task_record().write(tmp)
-            finish_hf_folder(
-                tmp, "classification", inner.config.max_position_embeddings, self.card_facts(final_val, test)
+
+            def write(tmp: Path) -> None:
+                inner.save_pretrained(tmp, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                self.task_record().write(tmp)
+                facts = self.card_facts(final_val, test)
+                finish_hf_folder(tmp, "classification", inner.config.max_position_embeddings, facts)
+
+            write_folder_atomically(
+                final_dir,
+                write,
+                "the export",
+                sum(p.numel() * p.element_size() for p in inner.parameters()),
+                lambda: (
+                    "free disk space and run it again (finetune.resume=latest continues from its newest checkpoint)"
+                ),
             )
-            shutil.rmtree(final_dir, ignore_errors=True)
-            os.replace(tmp, final_dir)
         self.accelerator.wait_for_everyone()
         return final_dir
 

@@ -119,6 +119,10 @@ def check_init_from(model_cfg: ModelConfig) -> str | None:
         raise ConfigError(
             f"model.init_from={source}: no config.json there (expected a save_pretrained folder)"
         )
+    if path.is_dir():
+        from bert_mp.core.export import verify_export
+
+        verify_export(path, f"model.init_from={source}")
     if path.exists():
         return str(path)
     if looks_like_local_path(source):

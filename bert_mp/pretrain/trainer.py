@@ -450,7 +450,7 @@ def command(config_path: str | None, overrides: list[str]) -> int:
     cfg = load_config(config_path, overrides)
     check_init_from(cfg.model)  # before any data work
     if cfg.train.resume:
-        ckpt.resolve_resume(cfg.train.resume, Path(cfg.train.output_dir) / "checkpoints")
+        ckpt.resolve_resume(cfg.train.resume, Path(cfg.train.output_dir) / "checkpoints", quiet=True)
     summary = train(cfg)
     ev = summary["final_eval"]
     result = (

@@ -174,9 +174,13 @@ def _device() -> Any:
 
 def run_action(run_dir: Path) -> str:
     """``keep`` a finished run, ``resume`` an interrupted one (from its latest checkpoint, or from
-    scratch when it saved none), or start it ``fresh``."""
-    if read_status(run_dir) in FINAL_STATUSES:
-        return "keep"
+    scratch when it saved none), or start it ``fresh``. A completed run whose newest checkpoint or
+    export no longer verifies is resumed too, from its newest checkpoint that does."""
+    from bert_mp.core.checkpoint import damaged_outputs
+
+    status = read_status(run_dir)
+    if status in FINAL_STATUSES:
+        return "resume" if status == "completed" and damaged_outputs(run_dir) else "keep"
     return "resume" if run_dir.exists() else "fresh"
 
 
@@ -262,6 +266,7 @@ class Sweep:
         self.record().write(self.root)
 
     def run(self) -> None:
+        from bert_mp.core.checkpoint import damaged_outputs
         from bert_mp.core.precision import resolve_precision
 
         self.root.mkdir(parents=True, exist_ok=True)
@@ -310,6 +315,12 @@ class Sweep:
                     print(f"bert-mp sweep: {label}: {r.status} earlier, kept", flush=True)
                     continue
                 r.resumed = action == "resume"
+                if r.resumed and read_status(run_dir) == "completed":
+                    print(
+                        f"bert-mp sweep: {label}: completed earlier, but {damaged_outputs(run_dir)}; resuming it from "
+                        "its newest checkpoint that verifies",
+                        flush=True,
+                    )
                 extra = {"resume": ["train.resume=latest"], "again": ["train.overwrite_output_dir=true"]}
                 cmd = launch_command(
                     self.cfg, base_file, [*ovs, *extra.get(action, [])], device.type == "cuda"

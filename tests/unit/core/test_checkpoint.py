@@ -41,7 +41,15 @@ def test_atomic_layout_rotation_and_corrupt_checkpoints_are_skipped(tmp_path):
     latest = cdir / "step_00000006"
     assert ckpt.verify(latest) is None and ckpt.find_latest(cdir) == latest
     marker = json.loads((latest / ckpt.MARKER).read_text())
-    assert {"model.safetensors", "optimizer.bin", "loop_state.json"} <= set(marker["files"])
+    assert marker["format"] == 2 and marker["hash"] == "xxh3_128"
+    assert set(marker["files"]) == {
+        "model.safetensors",
+        "optimizer.safetensors",
+        "custom_state_0.safetensors",  # the scheduler (registered for checkpointing)
+        "rng_state_0.safetensors",
+        "loop_state.json",
+    }  # nothing pickled
+    assert all(len(e["xxh3_128"]) == 32 for e in marker["files"].values())
 
     # a truncated file in the newest checkpoint: skipped with a warning, the older one is used
     model_file = latest / "model.safetensors"
@@ -58,7 +66,7 @@ def test_atomic_layout_rotation_and_corrupt_checkpoints_are_skipped(tmp_path):
     assert (
         reasons[0]
         == "model.safetensors has 100 bytes, expected "
-        + str(marker["files"]["model.safetensors"])
+        + str(marker["files"]["model.safetensors"]["size"])
         + " (truncated or altered)"
     )
     assert reasons[1] == "no COMPLETE marker (interrupted while saving)"

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,14 @@ def _corrupt(folder: Path, case: str) -> str:
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
         return r"model.safetensors has \d+ bytes, expected \d+ \(truncated"
     if case == "missing optimizer file":
-        (folder / "optimizer.bin").unlink()
-        return "missing file optimizer.bin"
+        (folder / "optimizer.safetensors").unlink()
+        return "missing file optimizer.safetensors"
+    if case == "flipped byte (same size)":
+        f = folder / "model.safetensors"
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        f.write_bytes(bytes(data))
+        return r"model.safetensors does not match its checksum \(corrupted or altered"
     if case == "missing loop state":
         (folder / ckpt.LOOP_STATE).unlink()
         return "missing file loop_state.json"
@@ -76,6 +83,7 @@ def _corrupt(folder: Path, case: str) -> str:
     "case",
     [
         "truncated tensor file",
+        "flipped byte (same size)",
         "missing optimizer file",
         "missing loop state",
         "garbage marker",
@@ -86,7 +94,7 @@ def _corrupt(folder: Path, case: str) -> str:
 def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     tmp_path, prepared, finished_run, monkeypatch, case
 ):
-    from accelerate import Accelerator
+    from bert_mp.core import state_io
 
     reference, cfg = finished_run
     run = tmp_path / "run"
@@ -97,16 +105,16 @@ def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     reason = _corrupt(newest, case)
 
     loaded: list[str] = []
-    real_load = Accelerator.load_state
+    real_read = state_io.read_state
     monkeypatch.setattr(
-        Accelerator,
-        "load_state",
-        lambda self, d=None, **kw: loaded.append(Path(d).name) or real_load(self, d, **kw),
+        state_io,
+        "read_state",
+        lambda acc, folder, *a, **kw: loaded.append(Path(folder).name) or real_read(acc, folder, *a, **kw),
     )
     cfg.train.resume = "latest"
     with pytest.warns(UserWarning, match=f"skipping checkpoint .*step_00000006: {reason}"):
         summary = train_mod.train(cfg, load_fixture(prepared))
-    assert loaded == ["step_00000004"]  # the damaged one was never handed to load_state
+    assert loaded == ["step_00000004"]  # the damaged one was never read
     assert summary["resumed_from"].endswith("step_00000004") and summary["steps"] == 6
     # continuing from the previous good checkpoint reproduces the uninterrupted run exactly
     assert drill.compare(reference, run) == []
@@ -119,44 +127,90 @@ def _enospc() -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-@pytest.mark.parametrize("where", ["tensor file", "loop state"])
-def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_stops(
+WRITE_POINTS = (
+    "checkpoint folder",
+    "model.safetensors",
+    "optimizer.safetensors",
+    "custom_state_0.safetensors",
+    "scaler.safetensors",
+    "rng_state_0.safetensors",
+    "loop_state.json",
+    "COMPLETE",
+    "rename into place",
+)
+
+
+def _fail_at(monkeypatch, where: str, step_name: str) -> None:
+    """The disk fills up at ``where`` while checkpoint ``step_name`` is written (a file: half-way through it)."""
+    from bert_mp.core import integrity
+
+    def ours(path) -> bool:
+        return Path(path).parent.name == f".tmp-{step_name}"
+
+    if where == "checkpoint folder":
+        real_start = ckpt._start_folder
+
+        def start(tmp, step):
+            real_start(tmp, step)
+            if tmp.name == f".tmp-{step_name}":
+                raise _enospc()
+
+        monkeypatch.setattr(ckpt, "_start_folder", start)
+    elif where == "COMPLETE":
+        real_json = integrity.atomic_write_json
+        monkeypatch.setattr(
+            integrity,
+            "atomic_write_json",
+            lambda path, obj: (_ for _ in ()).throw(_enospc()) if ours(path) else real_json(path, obj),
+        )
+    elif where == "rename into place":
+        real_replace = os.replace
+        monkeypatch.setattr(
+            ckpt.os,
+            "replace",
+            lambda a, b: (
+                (_ for _ in ()).throw(_enospc())
+                if Path(a).name == f".tmp-{step_name}"
+                else real_replace(a, b)
+            ),
+        )
+    else:
+        real_write = integrity.HashingWriter.write
+
+        def write(self, data):
+            if self.path.name == where and ours(self.path):
+                real_write(self, memoryview(data).cast("B")[: memoryview(data).nbytes // 2])
+                raise _enospc()
+            return real_write(self, data)
+
+        monkeypatch.setattr(integrity.HashingWriter, "write", write)
+
+
+@pytest.mark.parametrize("where", WRITE_POINTS)
+def test_disk_full_at_each_write_point_of_a_checkpoint_keeps_the_previous_one_and_stops(
     tmp_path, prepared, monkeypatch, where
 ):
-    from accelerate import Accelerator
-
     run = tmp_path / "run"
-    cfg = tiny_config(run, max_steps=8, save_every=2, export=False)
-    if where == "tensor file":  # the disk fills up half-way through the model file of step 4's checkpoint
-        real_save = Accelerator.save_state
-
-        def save_state(self, output_dir=None, **kw):
-            if output_dir.endswith("step_00000004"):
-                (Path(output_dir) / "model.safetensors").write_bytes(b"\0" * 100)
-                raise _enospc()
-            return real_save(self, output_dir, **kw)
-
-        monkeypatch.setattr(Accelerator, "save_state", save_state)
-    else:  # tensors written, then no room for the loop state
-        real_write = ckpt.atomic_write_json
-
-        def write(path, obj):
-            if Path(path).parent.name.endswith("step_00000004"):
-                raise _enospc()
-            return real_write(path, obj)
-
-        monkeypatch.setattr(ckpt, "atomic_write_json", write)
-
-    with pytest.raises(
-        TrainingError, match=r"could not write checkpoint step_00000004 .*No space left on device"
-    ):
+    precision = "fp16" if where == "scaler.safetensors" else "fp32"
+    cfg = tiny_config(run, max_steps=8, save_every=2, export=False, precision=precision)
+    _fail_at(monkeypatch, where, "step_00000004")
+    with pytest.raises(TrainingError) as caught:
         train_mod.train(cfg, load_fixture(prepared))
+    message = str(caught.value)
+    assert caught.value.exit_code == 4 and "\n" not in message
+    assert re.fullmatch(
+        rf"could not write checkpoint step_00000004 in {re.escape(str(run / 'checkpoints'))}: "
+        r"\[Errno 28\] No space left on device \([\d.]+ [kMGT]?B free, needs about [\d.]+ [kMGT]?B\); "
+        r"the last complete checkpoint, step_00000002, is intact\. Free disk space \(or lower "
+        r"save_total_limit\) and rerun with train\.resume=latest",
+        message,
+    ), message
     cdir = run / "checkpoints"
     assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["step_00000002"]
     assert ckpt.verify(cdir / "step_00000002") is None  # the previous checkpoint is intact
     assert not list(cdir.glob(".tmp-*"))  # the partial write is gone (it would only hold disk space)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "failed" and "step_00000002 is intact" in summary["error"]
+    assert summary["status"] == "failed" and summary["error"] == message
     assert summary["steps"] == 4
 
 

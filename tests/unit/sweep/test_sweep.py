@@ -131,3 +131,24 @@ def test_shipped_sweep_recipes_load(name, monkeypatch):
     cfg, base = load_sweep_config(ROOT / "configs" / name, [])
     assert base is not None and "fp32" in cfg.sweep.precisions
     assert plan_sweep(cfg)
+
+
+def test_a_completed_run_whose_saved_state_no_longer_verifies_is_resumed(tmp_path, prepared):
+    from support import load_fixture, tiny_config
+
+    from bert_mp.pretrain.trainer import train
+
+    run = tmp_path / "fp32"
+    train(tiny_config(run, max_steps=4, save_every=2), load_fixture(prepared))
+    assert run_action(run) == "keep"
+    for damaged in (
+        run / "checkpoints" / "step_00000004" / "optimizer.safetensors",
+        run / "final" / "model.safetensors",
+    ):
+        original = damaged.read_bytes()
+        flipped = bytearray(original)
+        flipped[len(flipped) // 2] ^= 0x04
+        damaged.write_bytes(bytes(flipped))
+        assert run_action(run) == "resume", damaged
+        damaged.write_bytes(original)
+        assert run_action(run) == "keep"
