@@ -223,12 +223,22 @@ def sdpa_padding_mask(attention_mask: torch.Tensor | None, attn_implementation: 
     Given a 2-D mask, transformers first asks ``padding_mask.all()`` (a device-to-host read every
     padded forward) to see whether it may drop the mask; a 4-D mask is used as it is. The values
     are the same (True = attend, shape ``batch x 1 x query x key``), so the numbers are too. Other
-    attention implementations (eager's additive mask, flash/flex unpadding) keep the 2-D mask.
+    attention implementations (eager's additive mask, flash/flex unpadding) keep the 2-D mask; one
+    registered with SDPA's mask builder (bert_mp's CPU fast dropout over sdpa) gets the 4-D mask.
     """
-    if attention_mask is None or attention_mask.dim() != 2 or attn_implementation != "sdpa":
+    if attention_mask is None or attention_mask.dim() != 2 or not _builds_sdpa_mask(attn_implementation):
         return attention_mask
     b, s = attention_mask.shape
     return attention_mask.to(torch.bool)[:, None, None, :].expand(b, 1, s, s)
+
+
+def _builds_sdpa_mask(attn_implementation: str | None) -> bool:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    try:
+        return ALL_MASK_ATTENTION_FUNCTIONS[attn_implementation] is sdpa_mask
+    except KeyError:
+        return False
 
 
 COMPILE_MODES = ("none", "model", "layers")
