@@ -522,6 +522,8 @@ def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, 
         size += ["--steps", "20", "--warmup", "5"]
     # the reference first: strict fp32 (bert_mp, then HF) and bf16 are the rows a cut must not lose
     precisions = "fp32,bf16,tf32,fp16" if compile_mode == "none" else "bf16,tf32,fp16"
+    if args.dry_run and compile_mode != "none":
+        precisions = "tf32"  # the rehearsal checks the plumbing, one row is enough
     baselines = "fp32,bf16" if compile_mode == "none" else "fp32"
     cmd = [sys.executable, "scripts/bench_train.py", *size, "--repeat", "1", "--precisions", precisions]
     cmd += ["--baseline-precisions", baselines, "--compile", compile_mode, "--out", str(out)]
@@ -559,7 +561,7 @@ from bert_mp.core.precision import resolve_precision
 out, preset, batch, seq, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 res = {}
-for prec in ("fp32", "bf16", "tf32", "fp16"):
+for prec in sys.argv[6].split(","):
     try:
         plan = resolve_precision(prec, dev)
     except HardwareError as e:
@@ -584,7 +586,11 @@ def phase_kernels(args: argparse.Namespace) -> dict[str, Any]:
     """The kernel probe per precision (GEMM and attention verdicts, top kernels by device time)."""
     out = STATE / "kernels_probe.json"
     out.unlink(missing_ok=True)
-    size = ("tiny", "4", "32", "300") if args.dry_run else ("base", "32", "128", "30528")
+    size = (
+        ("tiny", "4", "32", "300", "fp32,bf16")
+        if args.dry_run
+        else ("base", "32", "128", "30528", "fp32,bf16,tf32,fp16")
+    )
     rc, tail = _run(
         [sys.executable, "-c", KERNEL_PROBE, str(out), *size],
         args.budget,
