@@ -900,6 +900,26 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------------
 # the CPU rehearsal of the GPU sequence (CI runs it: tests/integration/test_gpu_check_rehearsal.py)
 # --------------------------------------------------------------------------------------------------
+def _repository_files() -> list[str]:
+    """What a fresh clone holds (tracked and new files), or the tree without local state."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", ".gpu_site", ".wheels", "runs", "__pycache__"}
+        return [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+        ]
+
+
 def rehearse(out: Path) -> int:
     """Run COMMANDS as docs/gpu.md gives them, with ``--dry-run``, each as on a fresh machine.
 
@@ -910,9 +930,7 @@ def rehearse(out: Path) -> int:
     import tempfile
 
     out.mkdir(parents=True, exist_ok=True)
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
+    files = _repository_files()
     record: dict[str, Any] = {"commands": [], "ok": True}
     with tempfile.TemporaryDirectory(prefix="gpu_rehearsal_") as tmp:
         machine = Path(tmp) / "repo"
