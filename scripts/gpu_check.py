@@ -689,7 +689,7 @@ def sweep_runs(sweep_dir: Path) -> dict[str, Any]:
         runs[str(path.parent.relative_to(sweep_dir))] = {
             "status": d.get("status"),
             "steps": d.get("steps"),
-            "eval_mlm_loss": ev.get("eval/mlm_loss", ev.get("mlm_loss")),
+            "eval_mlm_loss": ev.get("eval/loss_mlm"),
             "tokens_per_sec": tp.get("tokens_per_sec", tp.get("throughput/tokens_per_sec")),
             "mfu": tp.get("mfu", tp.get("throughput/mfu")),
         }

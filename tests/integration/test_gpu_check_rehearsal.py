@@ -49,4 +49,5 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
     s2 = json.loads((out / "command_2" / "summary.json").read_text())
     assert s2["kernel_check"]["fp32"]["verdict"] and s2["ladder_compiled"]
     s3 = json.loads((out / "command_3" / "summary.json").read_text())
-    assert s3["sweep_runs"] and all(r["status"] == "completed" for r in s3["sweep_runs"].values())
+    runs = s3["sweep_runs"]
+    assert runs and all(r["status"] == "completed" and r["eval_mlm_loss"] > 0 for r in runs.values())

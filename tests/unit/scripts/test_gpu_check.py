@@ -291,3 +291,18 @@ def test_a_cut_pytest_run_is_counted_from_its_verbose_log():
     found = gpu_check._VERBOSE_RESULT.findall(log)
     assert [o for _, o in found] == ["PASSED", "FAILED", "SKIPPED"]
     assert found[1][0] == "tests/unit/pretrain/test_gpu.py::test_b[fp16]"
+
+
+def test_bench_rows_are_written_as_they_are_measured(tmp_path):
+    import torch
+
+    bench = load_script("bench_train")
+    out = tmp_path / "bench.json"
+    rows = {"baseline_hf_fp32": {"tokens_per_sec": 5.0}}
+    bench.write_progress(str(out), torch.device("cpu"), [], rows)
+    first = json.loads(out.read_text())
+    assert first["partial"] is True and first["results"] == rows
+    rows["bert_mp_fp32"] = {"tokens_per_sec": 6.0}
+    bench.write_progress(str(out), torch.device("cpu"), [], rows)
+    assert list(json.loads(out.read_text())["results"]) == ["baseline_hf_fp32", "bert_mp_fp32"]
+    assert [r["run"] for r in gpu_check.ladder_rows(json.loads(out.read_text()))] == list(rows)
