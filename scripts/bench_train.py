@@ -182,6 +182,19 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
     }
 
 
+def write_progress(out: str, device: torch.device, rounds: list[dict], res: dict) -> None:
+    """Each run's figures the moment they are measured (``"partial": true``), so a run cut at a
+    deadline still leaves every row it finished; the final report replaces this file."""
+    from bert_mp.core.precision import device_name
+
+    done = rounds[0] if rounds else res  # the first round's rows (a later round only refines them)
+    report = {"partial": True, "device": device_name(device), "device_type": device.type, "results": done}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(out).with_suffix(".partial")
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    tmp.replace(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="mini")
@@ -245,6 +258,7 @@ def main() -> None:
                         res[f"baseline_hf_{bp}"] = bench_baseline(data, args, order, device, bp)
                     except HardwareError as e:
                         res[f"baseline_hf_{bp}"] = {"skipped": str(e)}
+                    write_progress(args.out, device, rounds, res)
                     continue
                 try:
                     resolve_precision(name, device, allow_emulated=args.allow_emulated)
@@ -252,6 +266,7 @@ def main() -> None:
                     res[f"bert_mp_{name}"] = {"skipped": str(e)}
                     continue
                 res[f"bert_mp_{name}"] = bench_bert_mp(data, args, name, Path(tmp) / f"{name}_{r}")
+                write_progress(args.out, device, rounds, res)
             # ratios against the strict-fp32 HF loop (or the first baseline that ran)
             ref = res.get("baseline_hf_fp32") or next(
                 v for k, v in res.items() if k.startswith("baseline_hf_")

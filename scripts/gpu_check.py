@@ -1,29 +1,28 @@
-"""Validate bert_mp on a bare GPU machine in phases that each fit a 10-minute command.
+"""Validate bert_mp on a bare GPU machine: phases that each fit a lent machine's command.
 
-    python scripts/gpu_check.py OUT_DIR [PHASE ...] [--dry-run] [--force] [--budget SECONDS]
+    python scripts/gpu_check.py OUT_DIR [PHASE ...] [--dry-run] [--force] [--budget PHASE=S]
+    python scripts/gpu_check.py OUT_DIR --rehearse      # the docs/gpu.md sequence on this CPU
 
-Phases (default: ``install tests ladder summary``; ``all`` adds ``compile`` and ``sweep``):
+A lent GPU machine is fresh for almost every command (it goes back after 30 s idle), has no
+package index and runs a command for at most 10 minutes. So:
 
-- ``install``: puts the carried wheels (``.wheels/``, from ``scripts/gpu_wheels.sh``) that this
-  machine lacks into ``.gpu_site/`` (``pip install --no-index --no-deps --target``): no download,
-  no torch. The machine's ``python3`` may itself be a virtual environment (the lent machines'
-  is), so a new ``--system-site-packages`` venv would not see its torch; a target folder on
-  ``PYTHONPATH`` does. For ``datasets`` the newest carried release whose requirements the
-  machine's own packages meet is chosen (it cannot upgrade pyarrow or huggingface_hub).
-- ``tests``: ``pytest -m gpu`` (tests/unit/pretrain/test_gpu.py, tests/integration/test_gpu_resume.py)
-  plus the CPU tests of the CUDA-path logic (tests/unit/core/test_cuda_paths.py).
-- ``ladder``: ``scripts/bench_train.py`` on BERT-base, seq 128: HF baselines (strict fp32 and bf16
-  autocast) and bert_mp in fp32 / tf32 / bf16 / fp16, same batches on the same device; then the
-  kernel probe per precision (GEMM and attention verdicts, top kernels by device time).
-- ``compile``: the ladder again with ``train.compile=model``.
-- ``sweep``: writes a real-sized offline text corpus (docstrings of the installed packages) and runs
-  ``configs/sweep_gpu_base.yaml`` (1000 steps, parity verdicts) under the time budget; the sweep
-  resumes, so run the phase again until it reports ``complete``.
-- ``summary``: one ``summary.json`` + ``summary.md`` with the targets checked.
+- every command installs what it needs first when ``.gpu_site/`` has no record of an install
+  (``install``: the carried wheels from ``scripts/gpu_wheels.sh`` that the machine lacks, with
+  ``pip install --no-index --no-deps --target .gpu_site``; the machine's own torch is used);
+- every phase has an explicit budget (``BUDGETS``; pytest runs with a per-test timeout) and the
+  command a deadline (``--deadline``); a phase cut at its budget keeps what it finished;
+- results are written while they are measured: each ladder row, each compiled row, each kernel
+  verdict, each sweep run lands in OUT_DIR (phase JSONs, ``summary.json`` / ``summary.md`` and
+  ``gpu_check.log`` with the full text of any failing test; at most 8 files);
+- ``COMMANDS`` is the sequence docs/gpu.md gives; ``--rehearse`` runs it on a CPU with tiny
+  shapes, each command on a fresh copy of the repository (CI: test_gpu_check_rehearsal.py).
 
-State lives in ``runs/gpu_check/`` (a phase that completed is skipped unless ``--force``); every
-invocation copies the phase files and the summary into OUT_DIR. ``--dry-run`` runs the same code
-on this machine's device with a tiny model and a few steps (to test the plumbing on a CPU).
+Phases: ``install``, ``ladder`` (bench_train.py on BERT-base seq 128: HF strict fp32 / bf16 and
+bert_mp fp32 / bf16 / tf32 / fp16), ``tests`` (the CUDA tests), ``kernels`` (the kernel probe per
+precision: GEMM verdicts weighted by device time, skinny GEMMs on their own line), ``compile``
+(the ladder with ``train.compile=model``), ``sweep`` (configs/sweep_gpu_short.yaml: BERT-base,
+200 steps per precision plus the second fp32 seed, parity verdicts, on a docstring corpus built
+in seconds; ``--long-sweep`` for configs/sweep_gpu_base.yaml), ``summary``.
 """
 
 from __future__ import annotations
@@ -46,10 +45,54 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "runs" / "gpu_check"
 SITE = ROOT / ".gpu_site"
+INSTALLED = "INSTALLED.json"
+"""Written into SITE by a successful install: a command that finds it skips the install."""
 WHEELS = ROOT / ".wheels"
-PHASES = ("install", "tests", "ladder", "compile", "sweep", "summary")
-DEFAULT_PHASES = ("install", "tests", "ladder", "summary")
-CARRIED = ("datasets", "dill", "multiprocess", "xxhash", "fsspec", "omegaconf")
+PHASES = ("install", "ladder", "tests", "kernels", "compile", "sweep", "summary")
+DEFAULT_PHASES = ("ladder", "tests")
+COMMANDS = (("ladder", "tests"), ("kernels", "compile"), ("sweep",))
+"""The sequence docs/gpu.md gives: one command each, each on a fresh machine (install is implied)."""
+BUDGETS = {
+    "install": 60.0,
+    "ladder": 240.0,
+    "tests": 180.0,
+    "kernels": 90.0,
+    "compile": 300.0,
+    "sweep": 420.0,
+}
+"""Seconds per phase on a GPU machine (each command stays under ``DEADLINE_S``)."""
+BUDGETS_DRY = {
+    "install": 60.0,
+    "ladder": 120.0,
+    "tests": 120.0,
+    "kernels": 60.0,
+    "compile": 120.0,
+    "sweep": 150.0,
+}
+DEADLINE_S = 450.0
+"""One command's wall time: 7.5 minutes, under the 10-minute limit with the machine's start."""
+RESERVE_S, MIN_PHASE_S, TICK_S = 15.0, 30.0, 5.0
+MAX_OUT_FILES = 8
+LOG_NAME, LOG_CAP = "gpu_check.log", 200_000
+GPU_TESTS = (
+    "tests/unit/pretrain/test_gpu.py",
+    "tests/integration/test_gpu_resume.py",
+    "tests/unit/core/test_cuda_paths.py",
+    "tests/unit/pretrain/test_sync_budget.py",
+)
+CARRIED = (
+    "datasets",
+    "dill",
+    "multiprocess",
+    "xxhash",
+    "fsspec",
+    "omegaconf",
+    "pytest",
+    "pluggy",
+    "iniconfig",
+    "pygments",
+)
+WANTED = ("datasets", "omegaconf", "pytest")
 TARGETS = {
     "bf16_mfu_min": 0.45,
     "tf32_speedup_min": 3.0,
@@ -232,8 +275,9 @@ def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
         "ladder_compiled": crow,
         "targets": check_targets(rows),
         "targets_compiled": check_targets(crow) if crow else None,
-        "kernel_check": ladder.get("kernels"),
+        "kernel_check": (phases.get("kernels") or {}).get("kernels") or ladder.get("kernels"),
         "sweep": (phases.get("sweep") or {}).get("verdicts"),
+        "sweep_runs": (phases.get("sweep") or {}).get("runs"),
     }
 
 
@@ -251,7 +295,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         c = s["tests"]
         lines += [
             "",
-            f"`pytest -m gpu`: {c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped.",
+            f"CUDA tests: {c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('errors', 0)} errors, "
+            f"{c.get('skipped', 0)} skipped (full text of failures: gpu_check.log).",
         ]
         for f in s.get("failed_tests") or []:
             lines.append(f"- FAILED {f}")
@@ -294,21 +339,25 @@ def summary_markdown(s: dict[str, Any]) -> str:
                 met = {True: "yes", False: "NO", None: "not measured"}[t["met"]]
                 lines.append(f"| {name} | {_fmt(t['value'], pct=pct)} | {wanted} | {met} |")
     if s.get("kernel_check"):
-        lines += ["", "## Kernel check (by kernel name)", ""]
+        lines += ["", "## Kernel check (weighted by device time)", ""]
         for prec, k in s["kernel_check"].items():
-            if isinstance(k, dict) and "verdict" in k:
+            check = k.get("check") if isinstance(k, dict) else None
+            if check and check.get("gemm"):
+                lines += [f"- {prec}: {check['gemm']}"]
+                lines += [f"  - {check[key]}" for key in ("skinny", "attention") if check.get(key)]
+            elif isinstance(k, dict) and "verdict" in k:
                 lines.append(f"- {prec}: {k['verdict']}")
             else:
                 lines.append(f"- {prec}: {k}")
     if s.get("sweep"):
-        lines += ["", "## 1000-step sweep parity verdicts", ""]
+        lines += ["", "## Sweep parity verdicts", ""]
         for name, v in s["sweep"].items():
             lines.append(f"- {name}: {v}")
     return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------
-# phases (these run the real thing)
+# running children: in their own process group, cut at a deadline, progress published while they run
 # --------------------------------------------------------------------------------------------------
 def _env() -> dict[str, str]:
     env = dict(os.environ)
@@ -322,24 +371,52 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], timeout: float, log: Path) -> tuple[int, str]:
-    """Run ``cmd`` in its own process group; on timeout SIGTERM the group (runs save and stop)."""
+def _run(
+    cmd: list[str],
+    timeout: float,
+    log: Path,
+    tick: Any = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``cmd`` in its own process group; on timeout SIGTERM the group (runs save and stop).
+
+    ``tick()`` is called every few seconds while it runs (to publish partial results). Returns the
+    exit code (124: cut at the deadline) and the last 4000 characters of its output.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + max(1.0, timeout)
     with open(log, "w") as f:
         p = subprocess.Popen(
-            cmd, cwd=ROOT, env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=ROOT, env=env or _env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
         )
-        try:
-            rc = p.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
+        rc = None
+        while rc is None:
             try:
-                rc = p.wait(timeout=60)
+                rc = p.wait(timeout=max(0.1, min(TICK_S, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                rc = p.wait()
-            rc = 124  # cut at the deadline (the children were asked to save and stop)
+                if tick is not None:
+                    tick()
+                if time.monotonic() < deadline:
+                    continue
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                rc = 124  # cut at the deadline (the children were asked to save and stop)
     return rc, log.read_text(errors="replace")[-4000:]
+
+
+def _status(rc: int) -> str:
+    return "ok" if rc == 0 else ("timeout" if rc == 124 else "failed")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _device_info() -> dict[str, Any]:
@@ -348,6 +425,7 @@ def _device_info() -> dict[str, Any]:
         "d = {'python': sys.version.split()[0], 'torch': torch.__version__, 'cuda': torch.version.cuda,"
         " 'transformers': transformers.__version__, 'accelerate': accelerate.__version__}\n"
         "import datasets, omegaconf; d['datasets'] = datasets.__version__; d['omegaconf'] = omegaconf.__version__\n"
+        "import pytest; d['pytest'] = pytest.__version__\n"
         "import bert_mp.pretrain.trainer\n"
         "dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu (no CUDA)'\n"
         "cap = '.'.join(map(str, torch.cuda.get_device_capability(0))) if torch.cuda.is_available() else None\n"
@@ -359,28 +437,19 @@ def _device_info() -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# --------------------------------------------------------------------------------------------------
+# phases: each returns its result dict and may call args.progress(partial) while it runs
+# --------------------------------------------------------------------------------------------------
 def phase_install(args: argparse.Namespace) -> dict[str, Any]:
     wheels = sorted(Path(args.wheels).glob("*.whl"))
     installed = installed_versions(sys.executable)
     missing = [n for n in CARRIED if n not in installed]
-    chosen, problems = choose_wheels(wheels, installed) if wheels else ({}, [])
+    chosen, problems = choose_wheels(wheels, installed, WANTED) if wheels else ({}, [])
     res: dict[str, Any] = {"machine_has": {n: installed.get(n) for n in CARRIED}, "missing": missing}
+    SITE.mkdir(exist_ok=True)
     if chosen:
-        SITE.mkdir(exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "--no-index",
-            "--no-deps",
-            "--upgrade",
-            "--target",
-            str(SITE),
-            *map(str, chosen.values()),
-        ]
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index"]
+        cmd += ["--no-deps", "--upgrade", "--target", str(SITE), *map(str, chosen.values())]
         out = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env())
         res["pip"] = {"rc": out.returncode, "tail": (out.stdout + out.stderr)[-2000:]}
     res["carried"] = {n: p.name for n, p in chosen.items()}
@@ -392,62 +461,62 @@ def phase_install(args: argparse.Namespace) -> dict[str, Any]:
     info = _device_info()
     res.update(info)
     res["status"] = "ok" if "error" not in info and not problems else "failed"
+    if res["status"] == "ok":  # later phases of this machine find it; a fresh machine has none
+        (SITE / INSTALLED).write_text(json.dumps({k: res.get(k) for k in ("device", "versions")}))
     return res
 
 
 def phase_tests(args: argparse.Namespace) -> dict[str, Any]:
     junit = STATE / "junit.xml"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-m",
-        "gpu or not slow",
-        "-rfE",
-        f"--junitxml={junit}",
-        "tests/unit/pretrain/test_gpu.py",
-        "tests/integration/test_gpu_resume.py",
-        "tests/unit/core/test_cuda_paths.py",
-    ]
-    rc, tail = _run(cmd, args.budget, STATE / "tests.log")
-    counts, failed = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}, []
+    junit.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu or not slow"]
+    cmd += ["-rfE", "--tb=long", f"--junitxml={junit}", *GPU_TESTS]
+    env = _env()
+    env["BERT_MP_TEST_TIMEOUT"] = str(args.test_timeout)  # tests/conftest.py: SIGALRM per test
+    rc, tail = _run(cmd, args.budget, STATE / "tests.log", env=env)
+    counts, failed, failures = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}, [], {}
     if junit.exists():
         import xml.etree.ElementTree as ET
 
         for case in ET.parse(junit).getroot().iter("testcase"):
-            tag = {c.tag for c in case}
+            bad = [c for c in case if c.tag in ("failure", "error")]
             name = f"{case.get('classname')}::{case.get('name')}"
-            if "failure" in tag or "error" in tag:
-                counts["failed" if "failure" in tag else "errors"] += 1
+            if bad:
+                counts["failed" if bad[0].tag == "failure" else "errors"] += 1
                 failed.append(name)
-            elif "skipped" in tag:
+                # the whole text of the failure, not a tail: it goes to gpu_check.log
+                failures[name] = (bad[0].get("message") or "") + "\n" + (bad[0].text or "")
+            elif any(c.tag == "skipped" for c in case):
                 counts["skipped"] += 1
             else:
                 counts["passed"] += 1
-    status = "ok" if rc == 0 else ("timeout" if rc == 124 else "failed")
-    return {"status": status, "rc": rc, "counts": counts, "failed": failed, "tail": tail}
+    else:  # cut before pytest wrote its report: the verbose log still names each finished test
+        for name, outcome in _VERBOSE_RESULT.findall((STATE / "tests.log").read_text(errors="replace")):
+            key = {"PASSED": "passed", "SKIPPED": "skipped", "FAILED": "failed", "ERROR": "errors"}[outcome]
+            counts[key] += 1
+            if key in ("failed", "errors"):
+                failed.append(name)
+    return {
+        "status": _status(rc),
+        "rc": rc,
+        "per_test_timeout_s": args.test_timeout,
+        "counts": counts,
+        "failed": failed,
+        "failures": failures,
+        "tail": tail[-1500:],
+    }
+
+
+_VERBOSE_RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)\b", re.MULTILINE)
 
 
 def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, Any]:
+    """bench_train.py for one ladder; its JSON gains each row the moment the row is measured."""
     out = STATE / f"bench_{name}.json"
+    out.unlink(missing_ok=True)
     if args.dry_run:
-        size = [
-            "--preset",
-            "tiny",
-            "--vocab",
-            "300",
-            "--seq",
-            "32",
-            "--micro-batch",
-            "8",
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
-        ]
+        size = ["--preset", "tiny", "--vocab", "300", "--seq", "32", "--micro-batch", "8"]
+        size += ["--steps", "2", "--warmup", "1"]
     else:
         size = [
             "--preset",
@@ -458,128 +527,133 @@ def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, 
             "128",
             "--micro-batch",
             str(args.micro_batch),
-            "--steps",
-            "20",
-            "--warmup",
-            "5",
         ]
-    # compiled: the 16-bit modes and tf32 (fp32's speed-up reference comes from the ladder phase)
-    precisions = "fp32,tf32,bf16,fp16" if compile_mode == "none" else "bf16,fp16,tf32"
+        size += ["--steps", "20", "--warmup", "5"]
+    # the reference first: strict fp32 (bert_mp, then HF) and bf16 are the rows a cut must not lose
+    precisions = "fp32,bf16,tf32,fp16" if compile_mode == "none" else "bf16,tf32,fp16"
+    if args.dry_run and compile_mode != "none":
+        precisions = "tf32"  # the rehearsal checks the plumbing, one row is enough
     baselines = "fp32,bf16" if compile_mode == "none" else "fp32"
-    cmd = [
-        sys.executable,
-        "scripts/bench_train.py",
-        *size,
-        "--repeat",
-        "1",
-        "--precisions",
-        precisions,
-        "--baseline-precisions",
-        baselines,
-        "--compile",
-        compile_mode,
-        "--out",
-        str(out),
-    ]
-    rc, tail = _run(
-        cmd, args.budget * (0.75 if compile_mode == "none" else 0.95), STATE / f"bench_{name}.log"
-    )
-    bench = json.loads(out.read_text()) if out.exists() and rc == 0 else None
-    return {"rc": rc, "bench": bench, "tail": tail if rc else tail[-800:]}
+    cmd = [sys.executable, "scripts/bench_train.py", *size, "--repeat", "1", "--precisions", precisions]
+    cmd += ["--baseline-precisions", baselines, "--compile", compile_mode, "--out", str(out)]
+    env = _env()
+    if args.dry_run and compile_mode != "none":
+        # a CPU rehearsal checks the plumbing; inductor on 2 cores would take minutes
+        env["TORCH_COMPILE_DISABLE"] = "1"
+
+    def tick() -> None:
+        args.progress({"bench": _read_json(out)})
+
+    rc, tail = _run(cmd, args.budget, STATE / f"bench_{name}.log", tick=tick, env=env)
+    bench = _read_json(out)  # partial when cut: every row finished before the cut
+    return {"status": _status(rc), "rc": rc, "bench": bench, "tail": tail if rc else tail[-800:]}
 
 
-def _kernels(args: argparse.Namespace, budget: float) -> dict[str, Any]:
-    """The kernel probe per precision in a child process (a failure there cannot sink the ladder)."""
-    out = STATE / "kernels.json"
-    preset, batch, seq = ("tiny", 4, 32) if args.dry_run else ("base", 32, 128)
-    code = f"""
-import json, torch
+def phase_ladder(args: argparse.Namespace) -> dict[str, Any]:
+    res = _bench(args, "none", "ladder")
+    res["device"] = (res.get("bench") or {}).get("device")
+    return res
+
+
+def phase_compile(args: argparse.Namespace) -> dict[str, Any]:
+    return _bench(args, "model", "compile")
+
+
+KERNEL_PROBE = """
+import json, sys, torch
 from transformers import BertForPreTraining
 from bert_mp.core.config import ModelConfig
 from bert_mp.sweep.diagnostics import probe_precision, synthetic_batch
 from bert_mp.errors import HardwareError
 from bert_mp.model.bert import PretrainingModel, bert_config
 from bert_mp.core.precision import resolve_precision
+out, preset, batch, seq, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-res = {{}}
-for prec in ("fp32", "tf32", "bf16", "fp16"):
+res = {}
+for prec in sys.argv[6].split(","):
     try:
         plan = resolve_precision(prec, dev)
     except HardwareError as e:
         res[prec] = "skipped: " + str(e)
         continue
     torch.manual_seed(0)
-    model = PretrainingModel(BertForPreTraining(bert_config(ModelConfig(preset="{preset}"), 30528)), max_predictions_per_seq=20).to(dev)
-    r = probe_precision(model, synthetic_batch(30528 if "{preset}" == "base" else 300, {batch}, {seq}, dev), plan, steps=2)
-    res[prec] = {{"verdict": r["kernel_verdict"], "check": r.get("cuda_kernel_check"),
+    model = PretrainingModel(BertForPreTraining(bert_config(ModelConfig(preset=preset), vocab)), max_predictions_per_seq=20).to(dev)
+    r = probe_precision(model, synthetic_batch(vocab, batch, seq, dev), plan, steps=2)
+    res[prec] = {"verdict": r["kernel_verdict"], "check": r.get("cuda_kernel_check"),
                  "top_kernels": r["cuda_kernels"][:12], "padding_fraction": r["batch_padding_fraction"],
-                 "measured_bytes": r["measured_bytes"]}}
+                 "measured_bytes": r["measured_bytes"]}
     del model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-json.dump(res, open("{out}", "w"), indent=1, default=str)
+    with open(out + ".partial", "w") as f:  # each precision's verdict the moment it is known
+        json.dump(res, f, indent=1, default=str)
+    import os; os.replace(out + ".partial", out)
 """
-    rc, tail = _run([sys.executable, "-c", code], budget, STATE / "kernels.log")
-    if rc == 0 and out.exists():
-        return json.loads(out.read_text())
-    return {"error": f"rc {rc}: {tail[-1500:]}"}
 
 
-def phase_ladder(args: argparse.Namespace) -> dict[str, Any]:
-    t0 = time.monotonic()
-    res = _bench(args, "none", "ladder")
-    res["kernels"] = _kernels(args, max(60.0, args.budget - (time.monotonic() - t0)))
-    res["device"] = (res.get("bench") or {}).get("device")
-    res["status"] = "ok" if res["rc"] == 0 else ("timeout" if res["rc"] == 124 else "failed")
-    return res
+def phase_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """The kernel probe per precision (GEMM and attention verdicts, top kernels by device time)."""
+    out = STATE / "kernels_probe.json"
+    out.unlink(missing_ok=True)
+    size = (
+        ("tiny", "4", "32", "300", "fp32,bf16")
+        if args.dry_run
+        else ("base", "32", "128", "30528", "fp32,bf16,tf32,fp16")
+    )
+    rc, tail = _run(
+        [sys.executable, "-c", KERNEL_PROBE, str(out), *size],
+        args.budget,
+        STATE / "kernels.log",
+        tick=lambda: args.progress({"kernels": _read_json(out)}),
+    )
+    return {"status": _status(rc), "rc": rc, "kernels": _read_json(out), "tail": tail[-1500:]}
 
 
-def phase_compile(args: argparse.Namespace) -> dict[str, Any]:
-    res = _bench(args, "model", "compile")
-    res["status"] = "ok" if res["rc"] == 0 else ("timeout" if res["rc"] == 124 else "failed")
-    return res
+def _extract_docstrings(path: Path) -> str:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
+        return ""
+    parts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc.split()) >= 8:
+                parts.append(" ".join(doc.split()))
+    return "\n".join(parts) + "\n\n" if parts else ""
 
 
 def write_docstring_corpus(dest: Path, max_bytes: int, roots: list[Path] | None = None) -> dict[str, Any]:
     """Real English text offline: module/class/function docstrings of installed Python packages.
 
     One document per module (its docstrings, a blank line between documents), written to
-    ``dest/corpus_NN.txt`` until ``max_bytes``. Deterministic order (sorted paths).
+    ``dest/corpus_NN.txt`` until ``max_bytes``. Deterministic (sorted paths, kept in order) and
+    parsed on every core: the short sweep's 12 MB take seconds.
     """
+    import multiprocessing as mp
     import site
 
     dest.mkdir(parents=True, exist_ok=True)
     roots = roots or [
         Path(p) for p in {*site.getsitepackages(), *sys.path} if p and Path(p).is_dir() and "packages" in p
     ]
+    paths = [path for root in sorted(set(roots)) for path in sorted(root.rglob("*.py"))]
     written, docs, shard, fh = 0, 0, 0, None
-    for root in sorted(set(roots)):
-        for path in sorted(root.rglob("*.py")):
-            try:
-                tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-            except (SyntaxError, ValueError, OSError, RecursionError):
-                continue
-            parts = []
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                    doc = ast.get_docstring(node)
-                    if doc and len(doc.split()) >= 8:
-                        parts.append(" ".join(doc.split()))
-            if not parts:
+    with mp.get_context("fork").Pool(max(1, min(16, os.cpu_count() or 1))) as pool:
+        for text in pool.imap(_extract_docstrings, paths, chunksize=16):
+            if not text:
                 continue
             if fh is None or fh.tell() > 64 * 2**20:
                 if fh:
                     fh.close()
                 fh = open(dest / f"corpus_{shard:02d}.txt", "w", encoding="utf-8")  # noqa: SIM115 (rotating shards)
                 shard += 1
-            text = "\n".join(parts) + "\n\n"
             fh.write(text)
             written += len(text.encode())
             docs += 1
             if written >= max_bytes:
+                pool.terminate()
                 break
-        if written >= max_bytes:
-            break
     if fh:
         fh.close()
     return {"bytes": written, "documents": docs, "files": shard}
@@ -601,125 +675,313 @@ def sweep_verdicts(report: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def sweep_runs(sweep_dir: Path) -> dict[str, Any]:
+    """Each finished run's figures from its own summary.json (written when the run ends)."""
+    runs: dict[str, Any] = {}
+    for path in sorted(sweep_dir.glob("**/summary.json")):
+        if path.parent == sweep_dir:
+            continue
+        d = _read_json(path) or {}
+        if "status" not in d or "steps" not in d:
+            continue
+        ev = d.get("final_eval") or {}
+        tp = d.get("throughput") or {}
+        runs[str(path.parent.relative_to(sweep_dir))] = {
+            "status": d.get("status"),
+            "steps": d.get("steps"),
+            "eval_mlm_loss": ev.get("eval/loss_mlm"),
+            "tokens_per_sec": tp.get("tokens_per_sec", tp.get("throughput/tokens_per_sec")),
+            "mfu": tp.get("mfu", tp.get("throughput/mfu")),
+        }
+    return runs
+
+
+SWEEP_SIZES = {
+    # config, output folder, corpus bytes
+    "short": ("configs/sweep_gpu_short.yaml", "runs/sweep_gpu_short", 12 * 2**20),
+    "long": ("configs/sweep_gpu_base.yaml", "runs/sweep_gpu_base", 400 * 2**20),
+    "dry": ("configs/sweep_gpu_short.yaml", "runs/gpu_check/sweep_dry", 256 * 2**10),
+}
+DRY_SWEEP = [
+    "model.preset=tiny",
+    "train.max_steps=4",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=8",
+    "train.warmup_steps=1",
+    "train.eval_every=0",
+    "train.eval_max_batches=1",
+    "data.vocab_size=500",
+    "data.num_proc=1",
+    "sweep.precisions=[fp32]",
+    "sweep.profile_steps=0",
+    "sweep.parity_window=2",
+    "data.max_seq_length=32",
+    "sweep.output_dir=runs/gpu_check/sweep_dry",
+]
+
+
 def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
+    size = "dry" if args.dry_run else ("long" if args.long_sweep else "short")
+    config, out_rel, corpus_bytes = SWEEP_SIZES[size]
     corpus = ROOT / "runs" / "gpu_corpus"
     stats = corpus / "stats.json"
-    if not stats.exists():
-        info = write_docstring_corpus(corpus, 2 * 2**20 if args.dry_run else 400 * 2**20)
-        stats.write_text(json.dumps(info))
-    corpus_info = json.loads(stats.read_text())
-    overrides = []
-    if args.dry_run:
-        overrides = [
-            "model.preset=tiny",
-            "train.max_steps=4",
-            "train.global_batch_size=8",
-            "train.micro_batch_size=8",
-            "train.warmup_steps=1",
-            "train.eval_every=0",
-            "train.eval_max_batches=1",
-            "data.vocab_size=500",
-            "data.num_proc=1",
-            "sweep.precisions=[fp32]",
-            "sweep.profile_steps=0",
-            "sweep.parity_window=2",
-            "data.max_seq_length=32",
-            "sweep.output_dir=runs/gpu_check/sweep_dry",
-        ]
-    remaining = args.budget - (time.monotonic() - t0)
-    cmd = [sys.executable, "-m", "bert_mp", "sweep", "configs/sweep_gpu_base.yaml", *overrides]
-    rc, tail = _run(cmd, remaining, STATE / "sweep.log")
-    out_dir = ROOT / ("runs/gpu_check/sweep_dry" if args.dry_run else "runs/sweep_gpu_base")
-    report = out_dir / "summary.json"
-    verdicts = sweep_verdicts(json.loads(report.read_text())) if report.exists() else None
-    status = (
-        "ok" if rc == 0 else ("incomplete: run the sweep phase again (it resumes)" if rc == 124 else "failed")
-    )
-    return {"status": status, "rc": rc, "corpus": corpus_info, "verdicts": verdicts, "tail": tail[-2000:]}
+    if (_read_json(stats) or {}).get("max_bytes") != corpus_bytes:  # none yet, or another size's
+        shutil.rmtree(corpus, ignore_errors=True)
+        info = write_docstring_corpus(corpus, corpus_bytes)
+        stats.write_text(json.dumps({**info, "max_bytes": corpus_bytes}))
+    corpus_info = {**json.loads(stats.read_text()), "seconds": round(time.monotonic() - t0, 1)}
+    out_dir = ROOT / out_rel
+    cmd = [sys.executable, "-m", "bert_mp", "sweep", config, *(DRY_SWEEP if args.dry_run else [])]
+
+    def tick() -> None:
+        args.progress({"config": config, "corpus": corpus_info, "runs": sweep_runs(out_dir)})
+
+    rc, tail = _run(cmd, args.budget - (time.monotonic() - t0), STATE / "sweep.log", tick=tick)
+    report = _read_json(out_dir / "summary.json")
+    return {
+        "status": "ok"
+        if rc == 0
+        else ("incomplete: run the sweep again (it resumes)" if rc == 124 else "failed"),
+        "rc": rc,
+        "config": config,
+        "corpus": corpus_info,
+        "runs": sweep_runs(out_dir),
+        "verdicts": sweep_verdicts(report) if report else None,
+        "tail": tail[-2000:],
+    }
+
+
+RUNNERS = {
+    "install": phase_install,
+    "ladder": phase_ladder,
+    "tests": phase_tests,
+    "kernels": phase_kernels,
+    "compile": phase_compile,
+    "sweep": phase_sweep,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# what goes back: at most MAX_OUT_FILES files, rewritten whenever something new is known
+# --------------------------------------------------------------------------------------------------
+class Publisher:
+    """Writes this command's phase files, the summary and the log into OUT_DIR (again and again)."""
+
+    def __init__(self, out: Path, phases: list[str]):
+        self.out, self.phases, self.lines = out, phases, []
+        self.last = 0.0
+        out.mkdir(parents=True, exist_ok=True)
+
+    def say(self, line: str) -> None:
+        line = f"[gpu_check {time.strftime('%H:%M:%S', time.gmtime())}] {line}"
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def phase_file(self, name: str, res: dict[str, Any]) -> None:
+        (STATE / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
+
+    def progress(self, name: str, partial: dict[str, Any]) -> None:
+        """A running phase's partial results, published at most every TICK_S seconds."""
+        if time.monotonic() - self.last < TICK_S:
+            return
+        self.phase_file(name, {"status": "running", "phase": name, **partial})
+        self.publish()
+
+    def publish(self) -> None:
+        self.last = time.monotonic()
+        loaded = {n: _read_json(STATE / f"{n}.json") for n in PHASES if n != "summary"}
+        summary = build_summary(loaded)
+        (STATE / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        (STATE / "summary.md").write_text(summary_markdown(summary))
+        names = [n for n in PHASES if n != "summary" and loaded.get(n) is not None]
+        mine = [n for n in names if n in self.phases] or names  # `summary` alone: whatever is there
+        files = [STATE / f"{n}.json" for n in mine] + [STATE / "summary.json", STATE / "summary.md"]
+        if len(files) + 1 > MAX_OUT_FILES:  # install's facts are in summary.json too
+            files = [f for f in files if f.name != "install.json"][: MAX_OUT_FILES - 1]
+        for f in files:
+            tmp = self.out / (f.name + ".tmp")
+            shutil.copy(f, tmp)
+            tmp.replace(self.out / f.name)
+        (self.out / LOG_NAME).write_text(self.log_text(loaded))
+
+    def log_text(self, loaded: dict[str, Any]) -> str:
+        """The command's own lines, then per phase of this command: the full text of each failing
+        test, and the child's whole log (capped) where the phase did not end ok."""
+        parts = ["\n".join(self.lines)]
+        for name in self.phases:
+            res = loaded.get(name) or {}
+            for test, text in (res.get("failures") or {}).items():
+                parts.append(f"\n===== FAILED {test} =====\n{text}")
+            child = STATE / f"{'bench_' + name if name in ('ladder', 'compile') else name}.log"
+            if res.get("status") not in (None, "ok", "running") and child.exists():
+                text = child.read_text(errors="replace")
+                parts.append(f"\n===== {name}: {res.get('status')}, {child.name} =====\n{text[-LOG_CAP:]}")
+        return "\n".join(parts) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
-    p.add_argument(
-        "phases", nargs="*", help=f"{', '.join(PHASES)} or all (default: {' '.join(DEFAULT_PHASES)})"
-    )
+    p.add_argument("phases", nargs="*", help=f"{', '.join(PHASES)} (default: {' '.join(DEFAULT_PHASES)})")
     p.add_argument(
         "--dry-run", action="store_true", help="tiny model, few steps: test the plumbing on any device"
     )
-    p.add_argument("--force", action="store_true", help="rerun phases that already completed")
     p.add_argument(
-        "--budget", type=float, default=540.0, help="seconds for each long phase (a command may run 600)"
+        "--rehearse", action="store_true", help="the docs/gpu.md sequence on this CPU, fresh each command"
     )
+    p.add_argument("--force", action="store_true", help="rerun phases that already completed on this machine")
     p.add_argument(
-        "--deadline",
-        type=float,
-        default=570.0,
-        help="seconds for the whole invocation (phases are cut to fit)",
+        "--budget", action="append", default=[], metavar="PHASE=SECONDS", help="override a phase budget"
+    )
+    p.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for the whole command")
+    p.add_argument("--test-timeout", type=float, default=None, help="seconds per test (tests phase)")
+    p.add_argument(
+        "--long-sweep", action="store_true", help="configs/sweep_gpu_base.yaml (1000 steps, resumes)"
     )
     p.add_argument("--wheels", default=str(WHEELS), help="folder of carried wheels (default .wheels)")
     p.add_argument("--micro-batch", type=int, default=256, help="ladder micro-batch (BERT-base, seq 128)")
     args = p.parse_args(argv)
+    if args.rehearse:
+        return rehearse(Path(args.out_dir))
     phases = list(args.phases or DEFAULT_PHASES)
-    if phases == ["all"]:
-        phases = list(PHASES)
     bad = [x for x in phases if x not in PHASES]
     if bad:
-        p.error(f"unknown phase(s) {bad}; choose from {', '.join(PHASES)} or all")
+        p.error(f"unknown phase(s) {bad}; choose from {', '.join(PHASES)}")
+    if phases != ["summary"] and "install" not in phases and not (SITE / INSTALLED).exists():
+        phases.insert(0, "install")  # a fresh machine: every command installs what it needs
+    if len([x for x in phases if x != "summary"]) > MAX_OUT_FILES - 3:
+        p.error(f"at most {MAX_OUT_FILES - 3} phases per command (at most {MAX_OUT_FILES} files come back)")
+    budgets = dict(BUDGETS_DRY if args.dry_run else BUDGETS)
+    for item in args.budget:
+        name, _, sec = item.partition("=")
+        budgets[name] = float(sec)
+    args.test_timeout = args.test_timeout or (60.0 if args.dry_run else 120.0)
     STATE.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    runners = {
-        "install": phase_install,
-        "tests": phase_tests,
-        "ladder": phase_ladder,
-        "compile": phase_compile,
-        "sweep": phase_sweep,
-    }
+    pub = Publisher(Path(args.out_dir), phases)
     started = time.monotonic()
-    phase_budget = args.budget
+    ran = []
     for name in phases:
         if name == "summary":
             continue
-        # one command may run 10 minutes: every phase gets at most what is left of --deadline
-        left = args.deadline - (time.monotonic() - started) - 20.0
-        args.budget = min(phase_budget, left)
-        if left < 60.0:
-            print(
-                f"[gpu_check] {name}: not started, {left:.0f} s left of --deadline; run it in the next command"
-            )
-            continue
+        left = args.deadline - (time.monotonic() - started) - RESERVE_S
+        args.budget = min(budgets[name], left)
         path = STATE / f"{name}.json"
-        if path.exists() and not args.force and json.loads(path.read_text()).get("status") == "ok":
-            print(f"[gpu_check] {name}: done before (use --force to rerun)", flush=True)
+        if path.exists() and not args.force and (_read_json(path) or {}).get("status") == "ok":
+            pub.say(f"{name}: done before on this machine (use --force to rerun)")
             continue
-        print(f"[gpu_check] {name} ...", flush=True)
+        if left < MIN_PHASE_S:
+            pub.say(
+                f"{name}: not started, {left:.0f} s left of --deadline {args.deadline:.0f}; run it in the next command"
+            )
+            pub.phase_file(name, {"status": "not started: out of time", "phase": name})
+            continue
+        pub.say(f"{name}: started, budget {args.budget:.0f} s")
+        args.progress = lambda partial, n=name: pub.progress(n, partial)
         t = time.monotonic()
         try:
-            res = runners[name](args)
+            res = RUNNERS[name](args)
         except Exception as e:  # a broken phase is recorded, the others still run
             res = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
-        res.update(phase=name, seconds=round(time.monotonic() - t, 1), dry_run=args.dry_run)
-        path.write_text(json.dumps(res, indent=1, default=str))
-        print(f"[gpu_check] {name}: {res['status']} in {res['seconds']} s", flush=True)
-    loaded = {
-        n: json.loads((STATE / f"{n}.json").read_text()) if (STATE / f"{n}.json").exists() else None
-        for n in PHASES
-        if n != "summary"
-    }
-    summary = build_summary(loaded)
-    (STATE / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    (STATE / "summary.md").write_text(summary_markdown(summary))
-    for n in [*[x for x in PHASES if x != "summary"], "summary"]:
-        src = STATE / f"{n}.json"
-        if src.exists():
-            shutil.copy(src, out / src.name)
-    shutil.copy(STATE / "summary.md", out / "summary.md")
-    print(summary_markdown(summary))
-    print(f"[gpu_check] wrote {out}/summary.json and summary.md ({time.monotonic() - started:.0f} s)")
-    failed = [n for n in phases if n != "summary" and (loaded.get(n) or {}).get("status") not in ("ok", None)]
+        res.update(
+            phase=name, seconds=round(time.monotonic() - t, 1), budget_s=args.budget, dry_run=args.dry_run
+        )
+        pub.phase_file(name, res)
+        ran.append(name)
+        pub.say(f"{name}: {res['status']} in {res['seconds']} s")
+        pub.publish()
+    pub.say(f"done in {time.monotonic() - started:.0f} s; files in {args.out_dir}")
+    pub.publish()
+    print((STATE / "summary.md").read_text())
+    failed = [n for n in ran if (_read_json(STATE / f"{n}.json") or {}).get("status") != "ok"]
     return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# the CPU rehearsal of the GPU sequence (CI runs it: tests/integration/test_gpu_check_rehearsal.py)
+# --------------------------------------------------------------------------------------------------
+def _repository_files() -> list[str]:
+    """What a fresh clone holds (tracked and new files), or the tree without local state."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", ".gpu_site", ".wheels", "runs", "__pycache__"}
+        return [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)
+        ]
+
+
+def rehearse(out: Path) -> int:
+    """Run COMMANDS as docs/gpu.md gives them, with ``--dry-run``, each as on a fresh machine.
+
+    A copy of the repository's tracked files stands in for the machine; ``.gpu_site/`` and
+    ``runs/`` are deleted before each command, every command gets its own OUT folder, and each
+    must leave its phase files, the summary and the log (at most MAX_OUT_FILES files).
+    """
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = _repository_files()
+    record: dict[str, Any] = {"commands": [], "ok": True}
+    with tempfile.TemporaryDirectory(prefix="gpu_rehearsal_") as tmp:
+        machine = Path(tmp) / "repo"
+        for f in files:
+            src = ROOT / f
+            if src.is_file():
+                (machine / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, machine / f)
+        for i, phases in enumerate(COMMANDS, 1):
+            shutil.rmtree(machine / ".gpu_site", ignore_errors=True)  # a fresh machine each command
+            shutil.rmtree(machine / "runs", ignore_errors=True)
+            cmd_out = out / f"command_{i}"
+            shutil.rmtree(cmd_out, ignore_errors=True)
+            argv = ["bash", "scripts/gpu_check.sh", str(cmd_out), *phases, "--dry-run"]
+            t = time.monotonic()
+            env = {**_clean_env(), "PYTHON": sys.executable}
+            proc = subprocess.run(argv, cwd=machine, capture_output=True, text=True, env=env)
+            seconds = round(time.monotonic() - t, 1)
+            got = sorted(x.name for x in cmd_out.iterdir()) if cmd_out.exists() else []
+            want = [f"{n}.json" for n in ("install", *phases)] + ["summary.json", "summary.md", LOG_NAME]
+            missing = [w for w in want if w not in got]
+            statuses = {
+                n: (_read_json(cmd_out / f"{n}.json") or {}).get("status") for n in ("install", *phases)
+            }
+            phase_s = {
+                n: (_read_json(cmd_out / f"{n}.json") or {}).get("seconds") for n in ("install", *phases)
+            }
+            ok = proc.returncode == 0 and not missing and len(got) <= MAX_OUT_FILES
+            record["commands"].append(
+                {
+                    "command": " ".join(["bash scripts/gpu_check.sh $OUT", *phases]),
+                    "rc": proc.returncode,
+                    "seconds": seconds,
+                    "phase_seconds": phase_s,
+                    "statuses": statuses,
+                    "files": got,
+                    "missing": missing,
+                    "ok": ok,
+                }
+            )
+            record["ok"] &= ok
+            print(
+                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s, {statuses}"
+                + (f", MISSING {missing}" if missing else ""),
+                flush=True,
+            )
+            if not ok:
+                print(proc.stdout[-3000:] + proc.stderr[-3000:])
+    (out / "rehearsal.json").write_text(json.dumps(record, indent=1))
+    print(f"[rehearse] {'ok' if record['ok'] else 'FAILED'}: {out / 'rehearsal.json'}")
+    return 0 if record["ok"] else 1
 
 
 if __name__ == "__main__":

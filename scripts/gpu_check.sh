@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Validate bert_mp on a bare GPU machine, from the repo root, with the machine's own torch:
-#   bash scripts/gpu_check.sh OUT_DIR [install|tests|ladder|compile|sweep|summary|all ...] [--dry-run] [--force]
-# Default phases: install tests ladder summary. Needs .wheels/ (bash scripts/gpu_wheels.sh, run where
-# PyPI is reachable) when the machine lacks datasets / omegaconf. See docs/gpu.md.
+# Validate bert_mp on a bare GPU machine, from the repo root, with the machine's own torch. The
+# commands docs/gpu.md gives, in order, each on a fresh machine (carry .wheels from scripts/gpu_wheels.sh):
+#   bash scripts/gpu_check.sh OUT ladder tests
+#   bash scripts/gpu_check.sh OUT kernels compile
+#   bash scripts/gpu_check.sh OUT sweep
+# Every command installs what it needs when .gpu_site/ has no install, keeps to its phase budgets,
+# and writes each result into OUT as it is measured (at most 8 files).
+#   bash scripts/gpu_check.sh OUT --rehearse   # that sequence on this CPU, tiny shapes, fresh each time
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

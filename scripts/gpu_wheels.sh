@@ -5,6 +5,7 @@
 # requirements that machine's own packages (pyarrow, huggingface_hub, fsspec ...) satisfy, so
 # three datasets releases are carried with the dill / multiprocess / fsspec each of them needs.
 # omegaconf 2.4 needs no antlr4 runtime (2.3 needed antlr4-python3-runtime 4.9, an sdist only).
+# pytest and its pure-Python requirements travel too: the tests phase must not assume the machine has it.
 # The total must stay well under the 64 MiB that travels with the working tree (`carry`).
 #   bash scripts/gpu_wheels.sh [DEST]
 set -euo pipefail
@@ -21,6 +22,7 @@ SPECS=(
   fsspec==2026.9.0 fsspec==2026.2.0 fsspec==2025.3.0
   xxhash==3.6.0
   omegaconf==2.4.0
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0
 )
 mkdir -p "$DEST"
 for spec in "${SPECS[@]}"; do

@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 
@@ -35,6 +36,30 @@ def pytest_report_header(config):
         f"masked={','.join(caps['masked']) or 'none'} "
         f"(ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')})"
     )
+
+
+TEST_TIMEOUT_ENV = "BERT_MP_TEST_TIMEOUT"
+"""Seconds each test may take (setup, call, teardown), enforced with SIGALRM; unset or 0: no limit.
+scripts/gpu_check.py sets it so one hung test cannot eat a lent machine's command."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    seconds = float(os.environ.get(TEST_TIMEOUT_ENV) or 0)
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"{item.nodeid} exceeded its {seconds:g} s budget ({TEST_TIMEOUT_ENV})")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)

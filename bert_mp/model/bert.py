@@ -217,6 +217,30 @@ def drop_full_attention_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.
     return {k: v for k, v in batch.items() if k != "attention_mask"}
 
 
+def sdpa_padding_mask(attention_mask: torch.Tensor | None, attn_implementation: str) -> torch.Tensor | None:
+    """The 4-D boolean mask transformers would build for SDPA from a 2-D padding mask, built here.
+
+    Given a 2-D mask, transformers first asks ``padding_mask.all()`` (a device-to-host read every
+    padded forward) to see whether it may drop the mask; a 4-D mask is used as it is. The values
+    are the same (True = attend, shape ``batch x 1 x query x key``), so the numbers are too. Other
+    attention implementations (eager's additive mask, flash/flex unpadding) keep the 2-D mask; one
+    registered with SDPA's mask builder (bert_mp's CPU fast dropout over sdpa) gets the 4-D mask.
+    """
+    if attention_mask is None or attention_mask.dim() != 2 or not _builds_sdpa_mask(attn_implementation):
+        return attention_mask
+    b, s = attention_mask.shape
+    return attention_mask.to(torch.bool)[:, None, None, :].expand(b, 1, s, s)
+
+
+def _builds_sdpa_mask(attn_implementation: str | None) -> bool:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    try:
+        return ALL_MASK_ATTENTION_FUNCTIONS[attn_implementation] is sdpa_mask
+    except KeyError:
+        return False
+
+
 COMPILE_MODES = ("none", "model", "layers")
 
 
@@ -330,6 +354,7 @@ class PretrainingModel(nn.Module):
         next_sentence_label: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
+        attention_mask = sdpa_padding_mask(attention_mask, self.model.config._attn_implementation)
         out = self.model.bert(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
         )
@@ -365,5 +390,6 @@ class PretrainingModel(nn.Module):
             "mlm_count": valid.sum().float(),
             "nsp_loss_sum": nsp_loss_sum,
             "nsp_correct": (nsp_logits.argmax(-1) == next_sentence_label).sum().float(),
-            "nsp_count": torch.tensor(float(next_sentence_label.numel()), device=nsp_logits.device),
+            # a fill on the device, not torch.tensor(..., device=): that is a blocking host-to-device copy
+            "nsp_count": torch.full((), float(next_sentence_label.numel()), device=nsp_logits.device),
         }

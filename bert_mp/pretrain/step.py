@@ -84,7 +84,8 @@ def forward_backward(
     n_seqs = float(per_rank * world)
     n_masked: Any = float(sum(int((b["labels"] != -100).sum()) for b in micro))
     if world > 1:
-        n_masked = accelerator.reduce(torch.tensor(n_masked, device=device), reduction="sum")
+        # torch.full fills on the device from a host scalar: no blocking host-to-device copy
+        n_masked = accelerator.reduce(torch.full((), n_masked, device=device), reduction="sum")
         n_masked = n_masked.clamp(min=1.0)
     else:
         n_masked = max(n_masked, 1.0)
@@ -106,4 +107,12 @@ def forward_backward(
     figures["tokens"] = sum(int(m.sum()) for m in masks)
     figures["padded_tokens"] = sum(m.numel() for m in masks)
     figures["attention_flops_tokens"] = sum(attention_flops_tokens(m) for m in masks)
-    return {k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in figures.items()}
+    return {k: device_scalar(v, device) for k, v in figures.items()}
+
+
+def device_scalar(value: Any, device: torch.device) -> torch.Tensor:
+    """A float32 0-d tensor on ``device``: a device tensor is cast in place, a host number is filled in
+    by a kernel (``torch.full``) instead of ``torch.tensor(..., device=)``, a blocking host-to-device copy."""
+    if torch.is_tensor(value):
+        return value.to(device=device, dtype=torch.float32)
+    return torch.full((), float(value), dtype=torch.float32, device=device)

@@ -63,7 +63,7 @@ from bert_mp.model.bert import (
 from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
 from bert_mp.pretrain.evaluate import evaluate
-from bert_mp.pretrain.step import StepTotals, forward_backward
+from bert_mp.pretrain.step import StepTotals, device_scalar, forward_backward
 
 ModelBuilder = Callable[..., Any]
 """``build_model(model_cfg, vocab_size=, tokenizer_size=, max_seq_length=, pad_token_id=)``."""
@@ -73,7 +73,9 @@ def grad_norm_row(grad_norm: Any, like: torch.Tensor) -> torch.Tensor:
     """The gradient norm as a 1-element tensor beside the step totals (NaN where the engine clips)."""
     if grad_norm is None:
         return torch.full((1,), float("nan"), dtype=like.dtype, device=like.device)
-    return torch.as_tensor(grad_norm, dtype=like.dtype, device=like.device).reshape(1)
+    if not torch.is_tensor(grad_norm):  # a host number (some engines): filled in, not copied
+        return torch.full((1,), float(grad_norm), dtype=like.dtype, device=like.device)
+    return grad_norm.to(dtype=like.dtype, device=like.device).reshape(1)
 
 
 def syncs_each_step(metrics_sync: str, device: torch.device) -> bool:
@@ -282,7 +284,7 @@ class Trainer:
         micro = [next(self.batches) for _ in range(self.geometry.accumulation)]
         wait = time.perf_counter() - wait
         local = forward_backward(self.model, micro, self.accelerator, self.plan, self.geometry.per_rank)
-        local["stop_flag"] = torch.tensor(1.0 if s.pending_signal else 0.0, device=self.accelerator.device)
+        local["stop_flag"] = device_scalar(1.0 if s.pending_signal else 0.0, self.accelerator.device)
         reduced = StepTotals.reduce(local, self.accelerator)  # stays on the device
         stop = False
         if self.sync_each_step:  # read now: a non-finite loss stops before its optimizer step

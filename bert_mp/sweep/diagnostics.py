@@ -19,6 +19,16 @@ from typing import Any
 
 import torch
 
+# re-exported: the kernel check's public names have always been importable from here
+from bert_mp.sweep.cuda_kernels import (  # noqa: F401
+    TENSOR_CORE_SHARE_MIN,
+    classify_cuda_kernel,
+    cuda_kernel_kind,
+    cuda_kernel_verdict,
+    strict_fp32_flags,
+    summarize_cuda_kernels,
+)
+
 # --------------------------------------------------------------------------------------------------
 # speed ladder and fp16 health (from the run folders)
 # --------------------------------------------------------------------------------------------------
@@ -128,6 +138,7 @@ def _saved_tensors(into: list[torch.Tensor]) -> Iterator[None]:
 # kernel check
 # --------------------------------------------------------------------------------------------------
 
+
 MATMUL_OPS = (
     "aten::mm",
     "aten::addmm",
@@ -139,71 +150,6 @@ MATMUL_OPS = (
     "aten::_scaled_dot_product_flash_attention_for_cpu",
 )
 """Profiler leaf operators that are matrix multiplies (or fused attention built on them)."""
-
-# Kernel names are evidence, not proof; the patterns below follow the names cuBLAS, cuBLASLt (nvjet),
-# CUTLASS, cuDNN and the SDPA backends give their kernels. Order matters: CUDA-core markers win,
-# because strict-fp32 cuBLAS kernels on Ampere/Hopper are called ``sm80_xmma_gemm_f32f32_f32f32_..._ffma``
-# and ``cutlass_80_simt_sgemm_...`` - names that also contain "xmma" / "cutlass" / "sm80_".
-_ATTENTION = re.compile(r"(flash|fmha|attention|attn|sdpa|mem_eff)", re.IGNORECASE)
-_CUDA_GEMM = re.compile(r"(gemm|gemv|gemmk|matmul|dot_kernel|xmma|cutlass|nvjet|wgmma|hmma)", re.IGNORECASE)
-_CUDA_CORE = re.compile(
-    r"(ffma|simt|sgemm|dgemm|gemv|gemmsn|gemmk1|dot_kernel|xmma_gemm_f32f32_f32f32|f32f32_f32f32_f32)",
-    re.IGNORECASE,
-)
-_TENSOR_CORE = re.compile(
-    r"(tf32|bf16|f16|fp16|half|hmma|wgmma|gmma|tensorop|tensor\d+x\d+x\d+|h884|h1688|h16816|s1688|s16816|"
-    r"i8816|i16832|nvjet|e4m3|e5m2)",
-    re.IGNORECASE,
-)
-_NOT_A_PRODUCT = re.compile(
-    r"(splitkreduce|reduce_kernel|elementwise|softmax|layer_?norm|dropout)", re.IGNORECASE
-)
-
-
-def cuda_kernel_kind(name: str) -> str | None:
-    """``attention`` (fused SDPA kernels), ``gemm`` (matrix products) or None (anything else)."""
-    if _ATTENTION.search(name) and not _NOT_A_PRODUCT.search(name):
-        return "attention"
-    if _CUDA_GEMM.search(name) and not _NOT_A_PRODUCT.search(name):
-        return "gemm"
-    return None
-
-
-def classify_cuda_kernel(name: str) -> str | None:
-    """``tensor-core``, ``simt`` (CUDA cores), ``unknown`` (a product kernel whose name says neither),
-    or None when the kernel is not a matrix product or fused attention.
-
-    Strict-fp32 kernels (``..._ffma_...``, ``cutlass_80_simt_sgemm``, ``ampere_sgemm``, the
-    ``f32f32_f32f32`` type tuple) are CUDA-core kernels although their names contain ``xmma`` /
-    ``cutlass``. Memory-efficient attention in fp32 (``fmha_cutlassF_f32...``) runs its products as
-    3xTF32 on tensor cores (fp32-accurate), so it is ``tensor-core`` in every precision; flash and
-    cuDNN attention exist only for 16-bit types.
-    """
-    kind = cuda_kernel_kind(name)
-    if kind is None:
-        return None
-    if kind == "attention":
-        return "tensor-core"
-    if _CUDA_CORE.search(name):
-        return "simt"
-    if _TENSOR_CORE.search(name):
-        return "tensor-core"
-    return "unknown"
-
-
-def summarize_cuda_kernels(cuda_kernels: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Launch counts per kind and class (``gemm`` vs ``attention``) from profiled kernel rows."""
-    out: dict[str, Any] = {}
-    for kind in ("gemm", "attention"):
-        rows = [k for k in cuda_kernels if k.get("kind", cuda_kernel_kind(k["kernel"])) == kind]
-        counts = {
-            c: sum(k["count"] for k in rows if k["class"] == c) for c in ("tensor-core", "simt", "unknown")
-        }
-        counts["total"] = sum(k["count"] for k in rows)
-        counts["device_us"] = sum(k.get("device_us", 0.0) for k in rows)
-        out[kind] = counts
-    return out
-
 
 _ONEDNN_LINE = re.compile(r"^onednn_verbose,(?:v\d+,)?primitive,exec,cpu,(?P<kind>[a-z_]+),(?P<impl>[^,]+),")
 _ONEDNN_SRC = re.compile(r"src(?:_[a-z]+)?:(?P<dtype>[a-z0-9]+):")
@@ -289,51 +235,16 @@ def _profiled_matmuls(prof: Any) -> tuple[list[dict[str, Any]], list[dict[str, A
     )
 
 
-def cuda_kernel_verdict(precision: str, cuda_kernels: Sequence[dict]) -> dict[str, Any]:
-    """Did the GEMMs of a CUDA run take the path the mode is for? ``ok`` plus one text line per kind.
-
-    Strict fp32 expects no tensor-core GEMM (TF32 off); tf32 / bf16 / fp16 expect every GEMM launch
-    on tensor cores. Fused attention is reported on its own line and does not decide ``ok``:
-    memory-efficient attention computes fp32 inputs with 3xTF32 tensor-core products (accurate to
-    fp32), so tensor-core attention kernels are expected in every mode.
-    """
-    counts = summarize_cuda_kernels(cuda_kernels)
-    g, a = counts["gemm"], counts["attention"]
-    if not g["total"]:
-        gemm_line, ok = "no GEMM kernels recognised in the profile", None
-    elif precision == "fp32":
-        ok = g["tensor-core"] == 0
-        gemm_line = (
-            f"GEMMs: {g['tensor-core']}/{g['total']} launches on tensor cores, {g['simt']} on CUDA cores "
-            f"(strict fp32 expects none on tensor cores: {'ok' if ok else 'NOT strict'})"
-        )
-    else:
-        ok = g["tensor-core"] == g["total"]
-        gemm_line = (
-            f"GEMMs: {g['tensor-core']}/{g['total']} launches on tensor cores, {g['simt']} on CUDA cores"
-            f"{', ' + str(g['unknown']) + ' unrecognised' if g['unknown'] else ''} "
-            f"({precision} expects all: {'ok' if ok else 'NOT all'})"
-        )
-    attn_line = (
-        f"attention: {a['total']} fused-attention launches ({a['tensor-core']} tensor-core by name)"
-        if a["total"]
-        else "attention: no fused attention kernel (eager/bmm path or masked fallback)"
-    )
-    return {
-        "ok": ok,
-        "gemm": gemm_line,
-        "attention": attn_line,
-        "counts": counts,
-        "text": f"{gemm_line}; {attn_line}",
-    }
-
-
 def kernel_verdict(
-    precision: str, device_type: str, onednn: Sequence[dict], cuda_kernels: Sequence[dict]
+    precision: str,
+    device_type: str,
+    onednn: Sequence[dict],
+    cuda_kernels: Sequence[dict],
+    flags: dict[str, Any] | None = None,
 ) -> str:
     """One sentence: did the matmuls take the reduced-precision hardware path this mode is for?"""
     if device_type == "cuda":
-        return cuda_kernel_verdict(precision, cuda_kernels)["text"]
+        return cuda_kernel_verdict(precision, cuda_kernels, flags)["text"]
     amx = sum(r["count"] for r in onednn if r["class"] == "amx")
     low = sum(r["count"] for r in onednn if r["class"] != "fp32")
     total = sum(r["count"] for r in onednn)
@@ -497,6 +408,10 @@ def probe_precision(
         n_params, weights, grads, optim = _parameter_state_bytes(params, opt)
         activations = _unique_storage_bytes(saved, exclude={p.untyped_storage().data_ptr() for p in params})
         saved.clear()
+        flags = {  # what is in force while profiling: decides opaque kernels of strict fp32
+            "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        }
         prof, verbose = _profile(step, device, steps)
     ops, cuda_kernels = _profiled_matmuls(prof)
     onednn = parse_onednn_verbose("".join(verbose)) if device.type == "cpu" else []
@@ -519,8 +434,11 @@ def probe_precision(
         "matmul_ops": ops[:15],
         "cuda_kernels": cuda_kernels[:25],
         "onednn_matmuls": onednn,
-        "kernel_verdict": kernel_verdict(plan.name, device.type, onednn, cuda_kernels),
-        "cuda_kernel_check": cuda_kernel_verdict(plan.name, cuda_kernels) if device.type == "cuda" else None,
+        "kernel_verdict": kernel_verdict(plan.name, device.type, onednn, cuda_kernels, flags),
+        "cuda_kernel_check": cuda_kernel_verdict(plan.name, cuda_kernels, flags)
+        if device.type == "cuda"
+        else None,
+        "matmul_flags": flags,
         "batch_padding_fraction": 1.0 - float(batch["attention_mask"].float().mean()),
         "profiled_steps": max(1, steps),
     }

@@ -50,8 +50,11 @@ STRICT_FP32 = [
     "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel_trt",
     "cutlass_80_simt_sgemm_128x128_8x4_nn_align1",
     "ampere_sgemm_128x64_tn",
+]
+SKINNY = [  # cuBLAS's kernels for the NSP head (768->2) and the pooler's backward, in any precision
     "gemmSN_TN_kernel",
     "gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false, false>",
+    "gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, float, 128, 16, 4, 4, false, false>",
 ]
 TF32 = [
     "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4_warpsize2x2x1_tensor16x8x8_execute_kernel_trt",
@@ -80,9 +83,15 @@ NOT_PRODUCTS = [
 ]
 
 
-def _rows(names, count=1):
+def _rows(names, count=1, device_us=None):
     return [
-        {"kernel": n, "kind": cuda_kernel_kind(n), "class": classify_cuda_kernel(n), "count": count}
+        {
+            "kernel": n,
+            "kind": cuda_kernel_kind(n),
+            "class": classify_cuda_kernel(n),
+            "count": count,
+            **({"device_us": device_us} if device_us is not None else {}),
+        }
         for n in names
     ]
 
@@ -94,6 +103,47 @@ def test_strict_fp32_kernels_are_not_tensor_cores():
         assert classify_cuda_kernel(name) == "tensor-core", name
     for name in NOT_PRODUCTS:
         assert classify_cuda_kernel(name) is None, name
+    for name in SKINNY:
+        assert classify_cuda_kernel(name) == "skinny", name
+
+
+STRICT = {"cuda_matmul_allow_tf32": False, "float32_matmul_precision": "highest"}
+TF32_ON = {"cuda_matmul_allow_tf32": True, "float32_matmul_precision": "high"}
+
+
+def test_verdict_is_weighted_by_device_time():
+    # bf16: the big GEMMs on tensor cores, one small fp32 GEMM (1% of the time): ok by time
+    rows = _rows(BF16, device_us=3300.0) + _rows(STRICT_FP32[:1], count=40, device_us=100.0)
+    v = cuda_kernel_verdict("bf16", rows)
+    assert v["ok"] is True and v["weighted_by"] == "device_us" and "99.0% of GEMM device time" in v["gemm"]
+    # the same launches with the fp32 GEMM holding half the time: not ok
+    rows = _rows(BF16, device_us=1000.0) + _rows(STRICT_FP32[:1], count=40, device_us=3000.0)
+    assert cuda_kernel_verdict("bf16", rows)["ok"] is False
+
+
+def test_skinny_gemms_get_their_own_line_and_do_not_fail_a_mode():
+    for prec, names in (("bf16", BF16), ("fp16", FP16), ("tf32", TF32)):
+        v = cuda_kernel_verdict(
+            prec, _rows(names, device_us=1000.0) + _rows(SKINNY, count=24, device_us=50.0)
+        )
+        assert v["ok"] is True, v["text"]
+        assert v["skinny"].startswith("skinny GEMMs") and "72 launches" in v["skinny"]
+        assert "skinny" not in v["gemm"]
+    assert cuda_kernel_verdict("bf16", _rows(BF16))["skinny"] is None
+
+
+def test_opaque_kernels_of_strict_fp32_are_decided_by_the_flags_in_force():
+    nvjet = ["nvjet_sss_128x128_64x4_1x2_h_bz_NNT", "nvjet_sss_64x64_128x8_2x1_v_bz_TNN"]
+    # TF32 off: no tensor-core path for an fp32 product, whatever the kernel is called
+    v = cuda_kernel_verdict("fp32", _rows(nvjet + STRICT_FP32[:1]), flags=STRICT)
+    assert v["ok"] is True and "counted as fp32 from the flags" in v["gemm"], v["gemm"]
+    assert v["counts"]["gemm"]["tensor-core"] == 0
+    # the same names with TF32 on are tensor-core kernels: strict fp32 is violated
+    assert cuda_kernel_verdict("fp32", _rows(nvjet), flags=TF32_ON)["ok"] is False
+    # a name that states TF32 stays a violation under any flags
+    assert cuda_kernel_verdict("fp32", _rows(TF32[:1]), flags=STRICT)["ok"] is False
+    # in a 16-bit run nvjet names are tensor-core kernels (the flags only decide strict fp32)
+    assert cuda_kernel_verdict("bf16", _rows(nvjet), flags=STRICT)["ok"] is True
 
 
 def test_attention_kernels_get_their_own_line():

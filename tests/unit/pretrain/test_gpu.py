@@ -139,6 +139,13 @@ def test_export_round_trip_reproduces_logits(data, tmp_path, monkeypatch):
         )
 
 
+def _sync_warnings(caught) -> int:
+    """Warnings that report a synchronising CUDA call, not torch's one-time notice that the sync debug
+    mode is a prototype (its text also contains "synchroniz")."""
+    texts = [str(w.message).lower() for w in caught]
+    return sum("synchronizing" in t and "prototype" not in t for t in texts)
+
+
 def _count_syncs(fn) -> int:
     """CUDA synchronisations ``fn`` triggers, counted with torch's sync debug mode (one warning each)."""
     torch.cuda.synchronize()
@@ -149,12 +156,25 @@ def _count_syncs(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return _sync_warnings(caught)
 
 
-def test_model_step_has_no_host_syncs():
+def test_sync_count_ignores_the_prototype_notice():
+    class W:
+        def __init__(self, text):
+            self.message = text
+
+    notice = "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"
+    real = "called a synchronizing CUDA operation"
+    assert _sync_warnings([W(notice)]) == 0 and _sync_warnings([W(notice), W(real), W(real)]) == 2
+    assert _count_syncs(lambda: torch.ones(2, device="cuda").sum().item()) == 1
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_model_step_has_no_host_syncs(padded):
     """Forward, backward, clipping and a fused AdamW step of the pretraining model: no host sync with
-    the static masked-row gather and no attention mask for an unpadded batch."""
+    the static masked-row gather, no attention mask for an unpadded batch and a 4-D SDPA mask (so
+    transformers does not ask ``mask.all()``) for a padded one."""
     from transformers import BertForPreTraining
 
     from bert_mp.core.config import ModelConfig
@@ -165,7 +185,8 @@ def test_model_step_has_no_host_syncs():
     cfg = ModelConfig(preset="tiny", hidden_size=64, num_attention_heads=2, intermediate_size=128)
     model = PretrainingModel(BertForPreTraining(bert_config(cfg, 256)), max_predictions_per_seq=20).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    batch = drop_full_attention_mask(synthetic_batch(256, 8, 32, torch.device("cpu"), padded=False))
+    batch = drop_full_attention_mask(synthetic_batch(256, 8, 32, torch.device("cpu"), padded=padded))
+    assert ("attention_mask" in batch) is padded
     batch = {k: v.cuda() for k, v in batch.items()}
 
     def step():
@@ -215,9 +236,9 @@ def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
                 train(cfg, data)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        per_mode[mode] = sum("synchroniz" in str(w.message).lower() for w in caught)
+        per_mode[mode] = _sync_warnings(caught)
     print(f"host syncs in {n_steps} bf16 steps: {per_mode} (docs/gpu.md, train.metrics_sync)")
-    # step: the figures before the optimizer step and the grad norm after it; log: the one read of all
-    # pending rows at the end (the window closes inside it), plus at most one more
-    assert per_mode["step"] <= 3 * n_steps
-    assert per_mode["log"] <= 2
+    # step: two reads per step (the figures before the optimizer step, the pending row after it);
+    # log: the one read of all pending rows at the end (the window closes inside it), nothing per step
+    assert per_mode["step"] <= 2 * n_steps
+    assert per_mode["log"] <= 1

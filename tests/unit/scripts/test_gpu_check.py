@@ -4,6 +4,7 @@ from recorded phase files (targets, tables), and the dry-run plumbing of the sum
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -203,3 +204,105 @@ def test_docstring_corpus(tmp_path):
     assert info["documents"] == 1 and info["files"] == 1
     text = (tmp_path / "corpus" / "corpus_00.txt").read_text()
     assert text.startswith("A module docstring") and "Short." not in text
+
+
+def _sandbox(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "STATE", tmp_path / "state")
+    monkeypatch.setattr(gpu_check, "SITE", tmp_path / "site")
+    (tmp_path / "state").mkdir()
+
+
+def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path, monkeypatch):
+    """No install record in .gpu_site: install runs before the asked phases. A ladder cut at its
+    budget still returns (and publishes) every row its child wrote before the cut."""
+    _sandbox(tmp_path, monkeypatch)
+    calls = []
+
+    def install(args):
+        calls.append("install")
+        gpu_check.SITE.mkdir()
+        (gpu_check.SITE / gpu_check.INSTALLED).write_text("{}")
+        return {"status": "ok", "device": "cpu"}
+
+    def ladder(args):
+        calls.append("ladder")
+        bench = gpu_check.STATE / "bench.json"
+        # a child that writes a row, then hangs until the budget cuts it
+        code = (
+            "import json, sys, time; "
+            f"json.dump({{'partial': True, 'results': {{'bert_mp_fp32': {{'tokens_per_sec': 10.0}}}}}}, open({str(bench)!r}, 'w')); "
+            "sys.stdout.flush(); time.sleep(60)"
+        )
+        rc, _ = gpu_check._run(
+            [sys.executable, "-c", code], args.budget, gpu_check.STATE / "c.log", tick=lambda: None
+        )
+        return {"status": gpu_check._status(rc), "rc": rc, "bench": gpu_check._read_json(bench)}
+
+    monkeypatch.setitem(gpu_check.RUNNERS, "install", install)
+    monkeypatch.setitem(gpu_check.RUNNERS, "ladder", ladder)
+    out = tmp_path / "out"
+    rc = gpu_check.main([str(out), "ladder", "--budget", "ladder=3", "--deadline", "300"])
+    assert rc == 1 and calls == ["install", "ladder"]
+    res = json.loads((out / "ladder.json").read_text())
+    assert res["status"] == "timeout" and res["bench"]["results"]["bert_mp_fp32"]["tokens_per_sec"] == 10.0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ladder"][0]["run"] == "bert_mp_fp32" and s["phases"]["ladder"] == "timeout"
+    assert "ladder: timeout" in (out / "gpu_check.log").read_text()
+    # the next command on the same machine finds the install
+    calls.clear()
+    gpu_check.main([str(out), "summary"])
+    assert calls == []
+
+
+def test_out_never_gets_more_than_eight_files(tmp_path, monkeypatch):
+    _sandbox(tmp_path, monkeypatch)
+    for name in ("install", "ladder", "tests", "kernels", "compile", "sweep"):
+        (gpu_check.STATE / f"{name}.json").write_text(json.dumps({"status": "ok"}))
+    assert gpu_check.main([str(tmp_path / "out"), "summary"]) == 0
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(files) == gpu_check.MAX_OUT_FILES and "install.json" not in files
+    assert {"summary.json", "summary.md", "gpu_check.log", "sweep.json"} <= set(files)
+
+
+def test_failing_tests_are_logged_in_full(tmp_path, monkeypatch):
+    _sandbox(tmp_path, monkeypatch)
+    long_text = "Traceback\n" + "x" * 20_000 + "\nAssertionError: the end"
+    (gpu_check.STATE / "tests.json").write_text(
+        json.dumps({"status": "failed", "failures": {"tests/t.py::test_a": long_text}})
+    )
+    pub = gpu_check.Publisher(tmp_path / "out", ["tests"])
+    pub.publish()
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "===== FAILED tests/t.py::test_a =====" in log and long_text in log
+
+
+def test_too_many_phases_for_one_command_are_refused(tmp_path, monkeypatch):
+    _sandbox(tmp_path, monkeypatch)
+    with pytest.raises(SystemExit):
+        gpu_check.main([str(tmp_path / "out"), "install", "ladder", "tests", "kernels", "compile", "sweep"])
+
+
+def test_a_cut_pytest_run_is_counted_from_its_verbose_log():
+    log = (
+        "tests/unit/pretrain/test_gpu.py::test_a PASSED    [ 10%]\n"
+        "tests/unit/pretrain/test_gpu.py::test_b[fp16] FAILED   [ 20%]\n"
+        "tests/unit/core/test_cuda_paths.py::test_c SKIPPED (needs a CUDA device) [ 30%]\n"
+    )
+    found = gpu_check._VERBOSE_RESULT.findall(log)
+    assert [o for _, o in found] == ["PASSED", "FAILED", "SKIPPED"]
+    assert found[1][0] == "tests/unit/pretrain/test_gpu.py::test_b[fp16]"
+
+
+def test_bench_rows_are_written_as_they_are_measured(tmp_path):
+    import torch
+
+    bench = load_script("bench_train")
+    out = tmp_path / "bench.json"
+    rows = {"baseline_hf_fp32": {"tokens_per_sec": 5.0}}
+    bench.write_progress(str(out), torch.device("cpu"), [], rows)
+    first = json.loads(out.read_text())
+    assert first["partial"] is True and first["results"] == rows
+    rows["bert_mp_fp32"] = {"tokens_per_sec": 6.0}
+    bench.write_progress(str(out), torch.device("cpu"), [], rows)
+    assert list(json.loads(out.read_text())["results"]) == ["baseline_hf_fp32", "bert_mp_fp32"]
+    assert [r["run"] for r in gpu_check.ladder_rows(json.loads(out.read_text()))] == list(rows)

@@ -1,0 +1,53 @@
+"""`bash scripts/gpu_check.sh OUT --rehearse`: the command sequence docs/gpu.md gives for a lent GPU
+machine, run on this CPU with tiny shapes, each command on a fresh copy of the repository (no
+.gpu_site/, no runs/), so the script cannot rot between the rare GPU leases. About 2 minutes of CPU
+on 2 cores (user + system time of the whole sequence)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from support import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+gpu_check = load_script("gpu_check")
+
+
+def test_docs_give_exactly_the_rehearsed_sequence():
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    documented = re.findall(r'run\(command="bash scripts/gpu_check\.sh \$OUT ([a-z ]+)"', text)
+    assert [tuple(c.split()) for c in documented] == list(gpu_check.COMMANDS)
+
+
+def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
+    out = tmp_path / "rehearsal"
+    env = {"PYTHON": sys.executable, "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", str(out), "--rehearse"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    record = json.loads((out / "rehearsal.json").read_text())
+    assert record["ok"] and len(record["commands"]) == len(gpu_check.COMMANDS)
+    for i, (cmd, phases) in enumerate(zip(record["commands"], gpu_check.COMMANDS), 1):
+        # a fresh machine each time: every command installed first, then ran its phases
+        assert list(cmd["statuses"]) == ["install", *phases] and set(cmd["statuses"].values()) == {"ok"}
+        files = sorted(p.name for p in (out / f"command_{i}").iterdir())
+        assert len(files) <= gpu_check.MAX_OUT_FILES, files
+        assert {"summary.json", "summary.md", "gpu_check.log", *(f"{p}.json" for p in phases)} <= set(files)
+    s1 = json.loads((out / "command_1" / "summary.json").read_text())
+    assert s1["dry_run"] and [r["run"] for r in s1["ladder"]][:2] == ["baseline_hf_fp32", "baseline_hf_bf16"]
+    assert s1["tests"]["failed"] == 0 and s1["tests"]["passed"] > 0
+    s2 = json.loads((out / "command_2" / "summary.json").read_text())
+    assert s2["kernel_check"]["fp32"]["verdict"] and s2["ladder_compiled"]
+    s3 = json.loads((out / "command_3" / "summary.json").read_text())
+    runs = s3["sweep_runs"]
+    assert runs and all(r["status"] == "completed" and r["eval_mlm_loss"] > 0 for r in runs.values())
