@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.checkpointer import Checkpointer
+from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
 from bert_mp.core.export import finish_hf_folder, verify_export
 from bert_mp.core.guard import NumericsGuard
@@ -403,6 +404,7 @@ class FineTuner:
         model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
         self.tokenize()
         self.accelerator = build_accelerator(self.plan, ft.output_dir)
+        self.conditions = announce_start(self.accelerator, "finetune", 1, self.plan)
         self.log = RunLog(self.accelerator, self.cfg, ft)
         self.log.write_config()
         self.build_parts(model)
@@ -711,6 +713,7 @@ class FineTuner:
                 "parameters": sum(p.numel() for p in inner.parameters()),
             },
             "final": str(final_dir) if final_dir else None,
+            "conditions": self.conditions.at_end(),
         }
         if error:
             summary["error"] = error
