@@ -15,6 +15,7 @@ import signal
 import sys
 import warnings
 
+from bert_mp.core.noise import quiet_libraries
 from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
     _SPEAKER[0] = f"bert-mp {ns.command}"
     warnings.formatwarning = _format_warning
+    quiet_libraries(debug)
     module_name, func_name, _ = COMMANDS[ns.command]
     try:
         if ns.command in CHECKED_FIRST:

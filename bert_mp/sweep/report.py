@@ -875,8 +875,9 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
     return out
 
 
-def verdict_lines(summary: dict[str, Any]) -> list[str]:
-    """A compact verdict table for the terminal."""
+def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[str]:
+    """A compact verdict table for the terminal; ``skips_shown``: the reasons for skipped runs were
+    printed already (by the sweep, as it skipped them), so they are not repeated."""
     lines = []
     for g in summary["groups"]:
         ladder = {r["name"]: r for r in g["speed_ladder"]}
@@ -886,6 +887,8 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
             if (ladder.get(name) or {}).get("conditions_differ"):
                 speed = "speed not compared (run conditions differ, see the report)"
             why = "; ".join(x for x in v.get("reasons", []) if x)
+            if skips_shown and v["status"] == "skipped":
+                why = "(the reason is above)"
             status = v["status"].upper() if v["status"] in parity.VERDICTS else v["status"]
             prefix = f"{g['name']}/" if len(summary["groups"]) > 1 else ""
             lines.append(f"  {prefix + name:<22} {status:<12} {speed:<16} {why}")

@@ -443,6 +443,6 @@ def command(config_path: str | None, overrides: list[str]) -> int:
         return 0
     summary = report.build_report(root)
     print(f"bert-mp sweep: report -> {root / 'report.md'} and {root / 'report.html'}")
-    for line in report.verdict_lines(summary):
+    for line in report.verdict_lines(summary, skips_shown=True):
         print(line)
     return 0
