@@ -272,10 +272,6 @@ def device_label(device: Any) -> str:
 def announce_start(accelerator: Any, command: str, accumulation: int, plan: Any) -> Conditions:
     """Record the conditions at the start of a run; on the main process print the start-up line and
     warn when the machine is already loaded."""
-    import warnings
-
-    from bert_mp.errors import BertMPWarning
-
     cond = Conditions.at_start(accelerator.num_processes)
     if accelerator.is_main_process:
         precision = plan.name + (" (emulated)" if getattr(plan, "emulated", False) else "")
@@ -289,6 +285,6 @@ def announce_start(accelerator: Any, command: str, accumulation: int, plan: Any)
         )
         print(line, flush=True)
         warning = load_warning(cond.load_start, cond.cores)
-        if warning:
-            warnings.warn(warning, BertMPWarning, stacklevel=2)
+        if warning:  # on stdout beside the start-up line: stderr stays the place for errors alone
+            print(f"bert-mp {command}: warning: {warning}", flush=True)
     return cond

@@ -39,8 +39,7 @@ def test_finetune_shows_its_own_lines_only_and_the_rest_under_debug(tmp_path, ck
     )
     for noise in ("LOAD REPORT", "Map:", "Generating", "Loading weights", "Writing model shards", "%|"):
         assert noise not in quiet.stderr and noise not in quiet.stdout, noise
-    # what stderr may still say is bert-mp's own (a warning on a loaded machine)
-    assert all(ln.startswith("bert-mp finetune: warning:") for ln in quiet.stderr.splitlines()), quiet.stderr
+    assert quiet.stderr.strip() == ""  # a loaded machine's warning goes to stdout, beside the start-up line
     summary = json.loads((tmp_path / "a" / "out" / "summary.json").read_text())
     assert summary["conditions"]["threads"] == cores and summary["conditions"]["processes"] == 1
 
