@@ -120,3 +120,11 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
     assert cond["load_start"] is not None and cond["load_end"] is not None
     assert "bert-mp train: 1 process x" in (root / "runs" / "fp32" / "launch.log").read_text()
     assert "Run conditions" in (root / "report.md").read_text()
+
+    # the report's remedy: sweep.rerun trains a completed run again and keeps the others
+    again = _cli(
+        "sweep", "configs/quickstart_sweep.yaml", *overrides, "sweep.rerun=[fp32]", cwd=ROOT, env=env
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "runs/fp32: completed earlier, training it again (sweep.rerun)" in again.stdout
+    assert "completed earlier, kept" in again.stdout  # the fp32 seed run

@@ -1,22 +1,73 @@
 """Speed-ups are quoted only between runs measured under the same conditions (threads, load, devices)."""
 
-import importlib.util
 import json
+import math
 from pathlib import Path
 
 from bert_mp.cli import main
+from bert_mp.core.config import Config, config_to_dict
 from bert_mp.core.io import atomic_write_json
 from bert_mp.sweep import fairness
+from bert_mp.sweep.record import GroupEntry, HostInfo, RunEntry, SweepRecord
+
+STEPS = 40
+
+
+def _rows(seed: int, tokens_per_sec: float) -> list[dict]:
+    rows = []
+    for step in range(1, STEPS + 1):
+        mlm = (2.0 + 6.0 * math.exp(-step / 20)) * (1 + 0.01 * math.sin(step * seed))
+        rows.append(
+            {
+                "step": step,
+                "kind": "train",
+                "loss/total": mlm + 0.6,
+                "loss/mlm": mlm,
+                "loss/nsp": 0.6,
+                "throughput/tokens_per_sec": tokens_per_sec,
+            }
+        )
+    rows.append({"step": STEPS, "kind": "eval", "eval/loss_mlm": 2.5, "eval/loss_nsp": 0.6})
+    rows[-1].update({"eval/accuracy_mlm": 0.3, "eval/accuracy_nsp": 0.6})
+    return rows
 
 
 def _make_sweep(root: Path) -> Path:
-    """test_report's synthetic sweep folder (fp32 reference, fp32 seed run, bf16, fp16, ...)."""
-    spec = importlib.util.spec_from_file_location(
-        "_report_fixture", Path(__file__).with_name("test_report.py")
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_sweep(root)
+    """A sweep folder as bert-mp sweep writes it: fp32 (+ its seed run) at 1000 tokens/s, bf16 at
+    2500, fp16 at 1900."""
+    runs = {"fp32": ("fp32", "reference", 1000.0), "fp32-seed43": ("fp32", "seed_spread", 1010.0)}
+    runs.update({"bf16": ("bf16", "candidate", 2500.0), "fp16": ("fp16", "candidate", 1900.0)})
+    entries = []
+    for i, (name, (precision, role, tps)) in enumerate(runs.items()):
+        d = root / "runs" / name
+        d.mkdir(parents=True)
+        rows = _rows(i + 1, tps)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {
+            "status": "completed",
+            "steps": STEPS,
+            "precision": {"name": precision, "device": "cpu", "device_name": "Test CPU 9000"},
+            "versions": {"torch": "9.9"},
+            "final_eval": rows[-1],
+            "throughput": {"tokens_per_sec": tps, "step_ms": 4096e3 / tps, "mfu": None},
+            "model": {"preset": "tiny"},
+        }
+        atomic_write_json(d / "summary.json", summary)
+        entries.append(RunEntry(name, "default", precision, role, 42, [], f"runs/{name}", "completed"))
+    cfg = Config()
+    cfg.sweep.parity_window = 5
+    cfg.sweep.profile_steps = 0
+    SweepRecord(
+        created="2000-01-01T00:00:00+00:00",
+        sweep_file="configs/quickstart_sweep.yaml",
+        base=None,
+        launcher="python",
+        host=HostInfo("test host", "python"),
+        config=config_to_dict(cfg),
+        groups=[GroupEntry("default", {})],
+        runs=entries,
+    ).write(root)
+    return root
 
 
 def cond(threads=2, others=0.1, load=(0.3, 0.2, 0.1), processes=1, cores=2, cpu="Test CPU 9000"):
@@ -62,7 +113,7 @@ def test_report_withholds_speedups_of_runs_measured_under_other_conditions(tmp_p
     """The false 10x: fp32 slowed by other work, bf16 measured on an idle machine."""
     root = _make_sweep(tmp_path / "sweep")
     busy = cond(others=1.7, load=(3.9, 3.0, 2.0))
-    _set_conditions(root, {"fp32": busy, "fp32-seed43": busy, "bf16": cond(), "fp16": busy, "fp16-bad": busy})
+    _set_conditions(root, {"fp32": busy, "fp32-seed43": busy, "bf16": cond(), "fp16": busy})
     assert main(["report", str(root)]) == 0
     out = capsys.readouterr().out
     bf16_line = next(ln for ln in out.splitlines() if ln.strip().startswith("bf16 "))
@@ -82,7 +133,25 @@ def test_report_withholds_speedups_of_runs_measured_under_other_conditions(tmp_p
     _set_conditions(root, {"bf16": cond(threads=1, others=1.7, load=(3.9, 3.0, 2.0))})
     assert main(["report", str(root)]) == 0
     assert "threads 1 vs 2" in (root / "report.md").read_text()
-    _set_conditions(root, {n: cond() for n in ("fp32", "fp32-seed43", "bf16", "fp16", "fp16-bad")})
+    _set_conditions(root, {n: cond() for n in ("fp32", "fp32-seed43", "bf16", "fp16")})
     assert main(["report", str(root)]) == 0
     assert "2.50x fp32 speed" in capsys.readouterr().out
     assert "Not comparable" not in (root / "report.md").read_text()
+
+
+def test_sweep_rerun_names_runs_of_the_sweep(monkeypatch):
+    import pytest
+    from support import ROOT
+
+    from bert_mp.errors import ConfigError
+    from bert_mp.sweep.runner import Sweep, load_sweep_config, rerun_asked
+
+    monkeypatch.chdir(ROOT)
+    cfg, base = load_sweep_config("configs/quickstart_sweep.yaml", ["sweep.rerun=[fp32,bf16]"])
+    sweep = Sweep(cfg, base, Path("configs/quickstart_sweep.yaml"))
+    sweep.check_rerun()
+    runs = {r.name: r for g in sweep.groups for r in g.runs}
+    assert rerun_asked(runs["fp32"], cfg.sweep.rerun) and not rerun_asked(runs["fp16"], cfg.sweep.rerun)
+    cfg, base = load_sweep_config("configs/quickstart_sweep.yaml", ["sweep.rerun=[fp33]"])
+    with pytest.raises(ConfigError, match=r"sweep.rerun: no run named fp33 .*fp32"):
+        Sweep(cfg, base, None).check_rerun()
