@@ -131,11 +131,23 @@ def _machine_busy_s() -> float | None:
 
 
 def _own_cpu_s() -> float:
-    """CPU seconds of this process and its finished children (data workers)."""
+    """CPU seconds of this process and its children (data workers), finished or still running."""
+    import psutil
+
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         r = resource.getrusage(who)
         total += r.ru_utime + r.ru_stime
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return total
+    for child in children:
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # ended meanwhile: counted by RUSAGE_CHILDREN once reaped
+            continue
     return total
 
 
