@@ -64,3 +64,20 @@ def test_conditions_record_threads_load_and_other_processes():
     assert set(d) >= {"load_start", "load_end", "others_cpu_cores", "thread_env", "gpu"}
     if d["load_start"] is not None:
         assert len(d["load_start"]) == 3
+
+
+def test_announce_start_prints_one_line_on_the_main_process_and_warns_when_loaded(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(name="bf16", emulated=True)
+    monkeypatch.setattr(c, "load_average", lambda: [99.0, 1.0, 1.0])
+    main = SimpleNamespace(num_processes=2, is_main_process=True, device=torch.device("cpu"))
+    cond = c.announce_start(main, "train", 3, plan)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("bert-mp train: 2 processes x ")
+    assert "accumulation 3, precision bf16 (emulated), device cpu (" in lines[0]
+    assert lines[1].startswith("bert-mp train: warning: the load average (99.0) already exceeds")
+    assert cond.load_start == [99.0, 1.0, 1.0] and cond.processes == 2
+    other = SimpleNamespace(num_processes=2, is_main_process=False, device=torch.device("cpu"))
+    c.announce_start(other, "train", 3, plan)
+    assert capsys.readouterr().out == ""  # every other rank stays silent
