@@ -83,11 +83,12 @@ def test_profiler_lines_only_under_debug(tmp_path):
 
 
 def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_path):
-    """The real CLI on a CPU without fp16 (every capability masked): fp16 is skipped with its reason
-    printed once; the runs record their conditions and the report shows them; no profiler lines."""
+    """The real CLI on a CPU without fp16 (masked): fp16 is skipped with its reason printed once; the
+    runs record their conditions and the report shows them; no profiler lines. Then fp32 measured
+    again with another thread count: bf16's speed-up is no longer quoted."""
     overrides = [
         f"sweep.output_dir={tmp_path / 'sweep'}",
-        "sweep.precisions=[fp32,fp16]",
+        "sweep.precisions=[fp32,bf16,fp16]",
         "sweep.profile_steps=1",
         "sweep.parity_window=2",
         f"data.cache_dir={tmp_path / 'data'}",
@@ -106,7 +107,7 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
         "train.eval_max_batches=1",
         "train.export=false",
     ]
-    env = {**ENV, "BERT_MP_CPU_MASK": "all"}
+    env = {**ENV, "BERT_MP_CPU_MASK": "fp16"}  # bf16 runs where the CPU has it
     proc = _cli("sweep", "configs/quickstart_sweep.yaml", *overrides, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
@@ -121,10 +122,23 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
     assert "bert-mp train: 1 process x" in (root / "runs" / "fp32" / "launch.log").read_text()
     assert "Run conditions" in (root / "report.md").read_text()
 
-    # the report's remedy: sweep.rerun trains a completed run again and keeps the others
+    # sweep.rerun trains a completed run again and keeps the others: here with one thread, so the
+    # reference no longer matches bf16's conditions (measured with every core)
     again = _cli(
-        "sweep", "configs/quickstart_sweep.yaml", *overrides, "sweep.rerun=[fp32]", cwd=ROOT, env=env
+        "sweep",
+        "configs/quickstart_sweep.yaml",
+        *overrides,
+        "sweep.rerun=[fp32]",
+        cwd=ROOT,
+        env={**env, "OMP_NUM_THREADS": "1"},
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "runs/fp32: completed earlier, training it again (sweep.rerun)" in again.stdout
-    assert "completed earlier, kept" in again.stdout  # the fp32 seed run
+    assert "runs/fp32-seed43: completed earlier, kept" in again.stdout
+    cond = json.loads((root / "runs" / "fp32" / "summary.json").read_text())["conditions"]
+    assert cond["threads"] == 1 and cond["threads_source"] == "OMP_NUM_THREADS=1"
+    bf16 = json.loads((root / "runs" / "bf16" / "summary.json").read_text()).get("conditions")
+    if bf16 and bf16["threads"] != 1:  # bf16 ran (a CPU with bf16) on more than one core
+        line = next(ln for ln in again.stdout.splitlines() if ln.strip().startswith("bf16 "))
+        assert "speed not compared" in line
+        assert f"threads {bf16['threads']} vs 1" in (root / "report.md").read_text()
