@@ -381,6 +381,7 @@ class FineTuner:
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
         """Checkpoint and precision checks first (no data work before them), then data, model, loop."""
+        from accelerate import PartialState
         from transformers import BertConfig
 
         ft = self.ft
@@ -400,11 +401,11 @@ class FineTuner:
                 f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
             )
         self.plan = resolve_plan(ft, self.cfg.hardware.allow_emulated)
+        self.conditions = announce_start(PartialState(), "finetune", 1, self.plan)  # before the data work
         self.load_task()
         model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
         self.tokenize()
         self.accelerator = build_accelerator(self.plan, ft.output_dir)
-        self.conditions = announce_start(self.accelerator, "finetune", 1, self.plan)
         self.log = RunLog(self.accelerator, self.cfg, ft)
         self.log.write_config()
         self.build_parts(model)
