@@ -15,6 +15,7 @@ import signal
 import sys
 import warnings
 
+from bert_mp.core.noise import quiet_libraries
 from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
@@ -51,6 +52,8 @@ COMMANDS = {
 CHECKED_FIRST = ("prepare", "train", "finetune")
 """Commands whose config is loaded (and a mistake in it reported) before their module is imported:
 half the start-up time (transformers and datasets are not needed to say that a key is wrong)."""
+THREADED = ("train", "finetune")
+"""Commands that take ``cores // local processes`` threads unless OMP_NUM_THREADS / MKL_NUM_THREADS is set."""
 CONFIG_EPILOG = (
     "Every key, its default and what it does: `bert-mp config` (or `bert-mp config train`, "
     "`bert-mp config data.max_seq_length`)."
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
     _SPEAKER[0] = f"bert-mp {ns.command}"
     warnings.formatwarning = _format_warning
+    quiet_libraries(debug)
     module_name, func_name, _ = COMMANDS[ns.command]
     try:
         if ns.command in CHECKED_FIRST:
@@ -128,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
 
             load_config(*split_config_args(ns.args))
         func = getattr(importlib.import_module(module_name), func_name)
+        if ns.command in THREADED:
+            from bert_mp.core.conditions import apply_default_threads
+
+            apply_default_threads()
         if ns.command == "report":
             return int(func(ns.path) or 0)
         if ns.command == "predict":

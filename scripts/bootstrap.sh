@@ -15,9 +15,17 @@ PY="$VENV/bin/python"
 STAMP="$VENV/.bert_mp_installed"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ scripts/bootstrap.sh -nt "$STAMP" ]; then
   echo "[bootstrap] installing dependencies (first run: a minute or two)"
-  "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$PY" -m pip install -q --disable-pip-version-check "${BERT_MP_TORCH:-torch==2.13.0}"
-  "$PY" -m pip install -q --disable-pip-version-check -e ".[dev]"
+  # pip's and setuptools' own output goes to a log, shown only when the installation fails
+  LOG="$VENV/install.log"
+  if ! {
+    "$PY" -m pip install -q --disable-pip-version-check --upgrade pip &&
+      "$PY" -m pip install -q --disable-pip-version-check "${BERT_MP_TORCH:-torch==2.13.0}" &&
+      "$PY" -m pip install -q --disable-pip-version-check -e ".[dev]"
+  } >"$LOG" 2>&1; then
+    cat "$LOG" >&2
+    echo "[bootstrap] installation failed (log above, also in $LOG)" >&2
+    return 1 2>/dev/null || exit 1
+  fi
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

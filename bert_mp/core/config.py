@@ -502,6 +502,9 @@ class SweepConfig:
     """Profiled forward/backward passes per precision for the kernel check (0: skip diagnostics)."""
     report: bool = True
     """Write the report at the end of the sweep."""
+    rerun: list[str] = field(default_factory=list)
+    """Runs (by name, e.g. [fp32,bf16]) to train again although they completed earlier, e.g. when
+    the report says they were measured under other conditions (threads, machine load)."""
 
     def validate(self) -> None:
         for i, p in enumerate(self.precisions):

@@ -190,13 +190,14 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
     model = _checkpoint_model(folder, BertForPreTraining(bcfg))
     step = loop_state["step"]
     dest = Path(out) if out else run / f"export-{folder.name}"
-    facts = pretraining_facts(
-        cfg,
-        step,
-        cfg.train.precision,
-        None,
-        {"fingerprint": (loop_state.get("meta") or {}).get("data_fingerprint")},
-    )
+    data_facts = {
+        "fingerprint": (loop_state.get("meta") or {}).get("data_fingerprint"),
+        **summary.get("data", {}),
+    }
+    evaluation, eval_step = evaluation_at(run, step)
+    facts = pretraining_facts(cfg, step, cfg.train.precision, evaluation, data_facts)
+    if evaluation and eval_step != step:
+        facts["evaluated"] = f"at step {eval_step} (the last evaluation before this checkpoint)"
     facts["checkpoint"] = f"{folder.name} of {run.name} (exported with bert-mp export)"
 
     def write(tmp: Path) -> None:
@@ -213,6 +214,20 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
         lambda: f"{folder} is untouched. Free disk space and run bert-mp export again",
     )
     return dest
+
+
+def evaluation_at(run: Path, step: int) -> tuple[dict | None, int | None]:
+    """The run's evaluation at ``step`` (else its last one before it) from metrics.jsonl, and its step."""
+    from bert_mp.core.io import read_jsonl
+
+    path = Path(run) / "metrics.jsonl"
+    rows = read_jsonl(path) if path.is_file() else []
+    evals = [r for r in rows if r.get("kind") == "eval" and int(r.get("step", 0)) <= step]
+    if not evals:
+        return None, None
+    last = max(evals, key=lambda r: int(r["step"]))  # the last row of that step: a resume re-evaluates
+    same = [r for r in evals if r["step"] == last["step"]]
+    return same[-1], int(last["step"])
 
 
 def _checkpoint_model(folder: Path, model: Any) -> Any:

@@ -8,6 +8,7 @@ BERT's 30522 becomes 30528).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ def train_wordpiece(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         continuing_subword_prefix="##",
-        show_progress=True,
+        # tokenizers draws its bars on stdout; without a terminal it writes only blank lines there
+        show_progress=sys.stdout.isatty(),
     )
     tk.train_from_iterator(texts, trainer=trainer, length=length)
     cls_id, sep_id = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.checkpointer import Checkpointer
+from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
 from bert_mp.core.export import finish_hf_folder, verify_export
 from bert_mp.core.guard import NumericsGuard
@@ -380,6 +381,7 @@ class FineTuner:
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
         """Checkpoint and precision checks first (no data work before them), then data, model, loop."""
+        from accelerate import PartialState
         from transformers import BertConfig
 
         ft = self.ft
@@ -399,6 +401,7 @@ class FineTuner:
                 f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
             )
         self.plan = resolve_plan(ft, self.cfg.hardware.allow_emulated)
+        self.conditions = announce_start(PartialState(), "finetune", 1, self.plan)  # before the data work
         self.load_task()
         model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
         self.tokenize()
@@ -711,6 +714,7 @@ class FineTuner:
                 "parameters": sum(p.numel() for p in inner.parameters()),
             },
             "final": str(final_dir) if final_dir else None,
+            "conditions": self.conditions.at_end(),
         }
         if error:
             summary["error"] = error

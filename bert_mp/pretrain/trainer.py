@@ -32,6 +32,7 @@ from bert_mp.core import checkpoint as ckpt
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.callbacks import StepFacts, TrainContext, build_callbacks
 from bert_mp.core.checkpointer import Checkpointer
+from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
 from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
@@ -125,6 +126,7 @@ class Trainer:
             "train.global_batch_size",
             "train.micro_batch_size",
         )
+        self.conditions = announce_start(self.accelerator, "train", self.geometry.accumulation, self.plan)
         self.load_data()
         self.log = RunLog(self.accelerator, self.cfg, tc, tc.log_with)
         self.build_parts()
@@ -262,6 +264,7 @@ class Trainer:
                 "dropout_impl": self.dropout_impl,
                 "attn_implementation": inner.config._attn_implementation,
             },
+            "conditions": self.conditions.to_dict(),
             "batch": {
                 "global": g.global_batch,
                 "micro": g.micro_batch,
@@ -431,6 +434,7 @@ class Trainer:
             status=status, steps=s.step, elapsed_s=self.checkpointer.elapsed(), final_eval=final_eval
         )
         summary.update(stop_reason=s.stop_reason, skipped_steps=s.skipped_steps, tokens_seen=s.tokens_seen)
+        summary["conditions"] = self.conditions.at_end()
         if error:
             summary["error"] = error
         for cb in self.callbacks:

@@ -142,6 +142,9 @@ class RunSummary:
     memory: dict[str, Any] | None = None
     amp: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
+    conditions: dict[str, Any] | None = None
+    """Threads, processes, cores, load and devices the run was measured under (None: written before
+    bert_mp recorded them); see :mod:`bert_mp.core.conditions`."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole file, for the fields the report passes through unread."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from bert_mp.core.config import SweepConfig
 from bert_mp.core.io import atomic_write_json, atomic_write_text, read_jsonl
-from bert_mp.sweep import diagnostics, parity
+from bert_mp.sweep import diagnostics, fairness, parity
 from bert_mp.sweep.record import RunEntry, RunSummary, SweepRecord, strict_record
 
 
@@ -446,7 +446,10 @@ class Report:
             group=group,
             label=f" ({group.name})" if len(self.groups) > 1 else "",
             verdicts=group_verdicts(group, self.rules),
-            ladder=diagnostics.speed_ladder(with_summary, reference=ref.name if ref else "fp32"),
+            ladder=fairness.withhold_speedups(
+                diagnostics.speed_ladder(with_summary, reference=ref.name if ref else "fp32"),
+                unequal_conditions(group),
+            ),
             probes=probes,
             plots=_plot_group(group, self.rules, self.root / "plots"),
         )
@@ -555,6 +558,73 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
     return [(f"Verdict{ga.label}", [f"Axes: {axes}." if axes else "", Table(VERDICT_HEADERS, rows)])]
 
 
+def _speedup_cell(row: dict[str, Any]) -> str:
+    if row.get("conditions_differ"):
+        return "not compared (conditions differ)"
+    return _fmt(row["speedup_vs_fp32"], ".2f") + ("x" if row["speedup_vs_fp32"] else "")
+
+
+def unequal_conditions(group: GroupResult) -> dict[str, str]:
+    """Runs of ``group`` measured under other conditions than its reference: name -> what differs."""
+    ref = group.by_role("reference")
+    runs = [(r.name, r.summary.conditions) for r in group.runs if r.summary and r.role != "seed_spread"]
+    return fairness.unequal_runs(runs, ref.name) if ref else {}
+
+
+CONDITION_HEADERS = [
+    "run",
+    "threads",
+    "processes",
+    "cores",
+    "load at start -> end",
+    "others' cores",
+    "device",
+]
+
+
+def conditions_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
+    """What each run was measured under, and which speed-ups are withheld because that differs."""
+    rows = []
+    for r in ga.group.runs:
+        c = r.summary.conditions if r.summary else None
+        if not c:
+            rows.append([r.name, "not recorded", "", "", "", "", ""])
+            continue
+        load = " -> ".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x) or "n/a"
+        others = c.get("others_cpu_cores")
+        gpu = (c.get("gpu") or {}).get("name")
+        rows.append(
+            [
+                r.name,
+                f"{c['threads']} ({c['threads_source']})",
+                str(c["processes"]),
+                str(c["cores"]),
+                load,
+                _fmt(others, ".1f"),
+                gpu or c.get("cpu_model", ""),
+            ]
+        )
+    unequal = {r["name"]: r["conditions_differ"] for r in ga.ladder if r.get("conditions_differ")}
+    blocks: list[Block] = [Table(CONDITION_HEADERS, rows)]
+    if unequal:
+        ref = ga.group.by_role("reference")
+        names = [ref.name] if ref else []
+        names += [n for n in unequal if n not in names]
+        blocks.append(
+            "**Not comparable: no speed-up is quoted for "
+            + "; ".join(f"{n} ({why})" for n, why in unequal.items())
+            + ".** Measure them again under the same conditions: "
+            + fairness.rerun_hint(rep.record.sweep_file, names)
+            + "."
+        )
+    else:
+        blocks.append(
+            "Every run was measured under the same threads, processes and devices, none beside other work "
+            "(others' cores: CPU cores other processes used on average while the run ran)."
+        )
+    return [(f"Run conditions{ga.label}", blocks)]
+
+
 def speed_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
     entries = {r.name: r.entry for r in ga.group.runs}
     rows = [
@@ -563,7 +633,7 @@ def speed_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
             r["precision"],
             _fmt(r["step_ms"], ".1f"),
             _fmt(r["tokens_per_sec"], ".0f"),
-            _fmt(r["speedup_vs_fp32"], ".2f") + ("x" if r["speedup_vs_fp32"] else ""),
+            _speedup_cell(r),
             _pct(r["mfu"]) if r["mfu"] is not None else "n/a",
             _cost(entries.get(r["name"])),
         ]
@@ -726,6 +796,7 @@ def plots_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
 GROUP_SECTIONS = (
     verdict_section,
     speed_section,
+    conditions_section,
     memory_section,
     kernel_section,
     fp16_section,
@@ -804,15 +875,20 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
     return out
 
 
-def verdict_lines(summary: dict[str, Any]) -> list[str]:
-    """A compact verdict table for the terminal."""
+def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[str]:
+    """A compact verdict table for the terminal; ``skips_shown``: the reasons for skipped runs were
+    printed already (by the sweep, as it skipped them), so they are not repeated."""
     lines = []
     for g in summary["groups"]:
         ladder = {r["name"]: r for r in g["speed_ladder"]}
         for name, v in g["verdicts"].items():
             sp = (ladder.get(name) or {}).get("speedup_vs_fp32")
             speed = f"{sp:.2f}x fp32 speed" if sp else ""
+            if (ladder.get(name) or {}).get("conditions_differ"):
+                speed = "speed not compared (run conditions differ, see the report)"
             why = "; ".join(x for x in v.get("reasons", []) if x)
+            if skips_shown and v["status"] == "skipped":
+                why = "(the reason is above)"
             status = v["status"].upper() if v["status"] in parity.VERDICTS else v["status"]
             prefix = f"{g['name']}/" if len(summary["groups"]) > 1 else ""
             lines.append(f"  {prefix + name:<22} {status:<12} {speed:<16} {why}")

@@ -184,6 +184,11 @@ def run_action(run_dir: Path) -> str:
     return "resume" if run_dir.exists() else "fresh"
 
 
+def rerun_asked(run: RunEntry, names: list[str]) -> bool:
+    """Whether ``sweep.rerun`` names this run (its name, or its folder under runs/)."""
+    return run.name in names or Path(run.dir).name in names or run.dir.removeprefix("runs/") in names
+
+
 def changed_since(run_dir: Path, cfg: Config) -> dict:
     """What in ``cfg`` differs from the config the run in ``run_dir`` was trained with (none saved: {})."""
     saved = run_dir / "config.yaml"
@@ -269,6 +274,7 @@ class Sweep:
         from bert_mp.core.checkpoint import damaged_outputs
         from bert_mp.core.precision import resolve_precision
 
+        self.check_rerun()
         self.root.mkdir(parents=True, exist_ok=True)
         base_file = self.root / BASE_CONFIG
         save_config(self.cfg, base_file)
@@ -309,6 +315,12 @@ class Sweep:
                         flush=True,
                     )
                     action = "again"
+                if action == "keep" and self.cfg.sweep.rerun and rerun_asked(r, self.cfg.sweep.rerun):
+                    print(
+                        f"bert-mp sweep: {label}: completed earlier, training it again (sweep.rerun)",
+                        flush=True,
+                    )
+                    action = "again"
                 if action == "keep":
                     prev = RunSummary.load(run_dir)
                     r.status, r.reason = prev.status, prev.error
@@ -336,6 +348,16 @@ class Sweep:
         if self.cfg.sweep.profile_steps > 0:
             self._diagnostics(configs, available, device)
         self.write_manifest()
+
+    def check_rerun(self) -> None:
+        """``sweep.rerun`` names only runs of this sweep (before any work)."""
+        runs = [r for g in self.groups for r in g.runs]
+        unknown = [n for n in self.cfg.sweep.rerun if not any(rerun_asked(r, [n]) for r in runs)]
+        if unknown:
+            raise ConfigError(
+                f"sweep.rerun: no run named {', '.join(unknown)} in this sweep; its runs are "
+                + ", ".join(Path(r.dir).name for r in runs)
+            )
 
     def _prepare_data(self, cfgs: list[Config]) -> None:
         """Prepare each distinct data config once, here, so the runs only read the shared cache."""
@@ -421,6 +443,6 @@ def command(config_path: str | None, overrides: list[str]) -> int:
         return 0
     summary = report.build_report(root)
     print(f"bert-mp sweep: report -> {root / 'report.md'} and {root / 'report.html'}")
-    for line in report.verdict_lines(summary):
+    for line in report.verdict_lines(summary, skips_shown=True):
         print(line)
     return 0

@@ -1,0 +1,83 @@
+"""Threads default to ``cores // local processes``; the start-up line and the recorded conditions."""
+
+import torch
+
+from bert_mp.core import conditions as c
+
+
+def test_default_threads_share_the_cores_between_local_processes():
+    assert c.default_threads(16, 1) == 16
+    assert c.default_threads(16, 2) == 8
+    assert c.default_threads(2, 2) == 1
+    assert c.default_threads(2, 4) == 1  # at least one
+
+
+def test_apply_default_threads_respects_the_environment(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        monkeypatch.setattr(c, "usable_cores", lambda: 4)
+        choice = c.apply_default_threads()
+        assert (choice.threads, choice.source) == (2, "4 cores // 2 processes")
+        assert torch.get_num_threads() == 2 and c.current_threads() == choice
+
+        torch.set_num_threads(1)  # a Python caller's own choice is reported as such
+        assert c.current_threads().source == "set in this process"
+
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's (or the launcher's) choice wins
+        choice = c.apply_default_threads()
+        assert choice.source == "OMP_NUM_THREADS=1" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        c._CHOSEN.clear()
+
+
+def test_startup_line_names_processes_threads_accumulation_precision_device():
+    line = c.startup_line(
+        "train",
+        processes=2,
+        threads=c.ThreadChoice(1, "2 cores // 2 processes"),
+        accumulation=4,
+        precision="bf16",
+        device="cpu (Test CPU)",
+    )
+    assert line == (
+        "bert-mp train: 2 processes x 1 thread (2 cores // 2 processes), accumulation 4, "
+        "precision bf16, device cpu (Test CPU)"
+    )
+
+
+def test_load_warning_only_when_the_load_exceeds_the_cores():
+    assert c.load_warning([1.9, 1.0, 1.0], 2) is None
+    assert c.load_warning(None, 2) is None
+    w = c.load_warning([3.2, 1.0, 1.0], 2)
+    assert "3.2" in w and "2 cores" in w
+
+
+def test_conditions_record_threads_load_and_other_processes():
+    cond = c.Conditions.at_start(processes=1)
+    d = cond.at_end()
+    assert d["threads"] == torch.get_num_threads() and d["processes"] == 1
+    assert d["cores"] >= 1 and d["cpu_model"]
+    assert set(d) >= {"load_start", "load_end", "others_cpu_cores", "thread_env", "gpu"}
+    if d["load_start"] is not None:
+        assert len(d["load_start"]) == 3
+
+
+def test_announce_start_prints_one_line_on_the_main_process_and_warns_when_loaded(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(name="bf16", emulated=True)
+    monkeypatch.setattr(c, "load_average", lambda: [99.0, 1.0, 1.0])
+    main = SimpleNamespace(num_processes=2, is_main_process=True, device=torch.device("cpu"))
+    cond = c.announce_start(main, "train", 3, plan)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("bert-mp train: 2 processes x ")
+    assert "accumulation 3, precision bf16 (emulated), device cpu (" in lines[0]
+    assert lines[1].startswith("bert-mp train: warning: the load average (99.0) already exceeds")
+    assert cond.load_start == [99.0, 1.0, 1.0] and cond.processes == 2
+    other = SimpleNamespace(num_processes=2, is_main_process=False, device=torch.device("cpu"))
+    c.announce_start(other, "train", 3, plan)
+    assert capsys.readouterr().out == ""  # every other rank stays silent
