@@ -15,6 +15,7 @@ import signal
 import sys
 import warnings
 
+from bert_mp.core import console
 from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
@@ -105,13 +106,13 @@ def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 _PLAIN_FORMAT = warnings.formatwarning
-_SPEAKER = ["bert-mp"]
 
 
 def _format_warning(message, category, filename, lineno, line=None):  # noqa: ANN001 (warnings' signature)
-    """:class:`BertMPWarning` as ``bert-mp <command>: warning: ...`` (no source line under it)."""
+    """:class:`BertMPWarning` as ``bert-mp <command>: warning: ...`` (no source line under it), on the
+    main process only (every process of a launch would warn alike)."""
     if issubclass(category, BertMPWarning):
-        return f"{_SPEAKER[0]}: warning: {message}\n"
+        return f"{console.speaker()}: warning: {message}\n" if console.is_main_process() else ""
     return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
-    _SPEAKER[0] = f"bert-mp {ns.command}"
+    console.set_command(ns.command)
     warnings.formatwarning = _format_warning
     module_name, func_name, _ = COMMANDS[ns.command]
     try:
@@ -144,11 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
-    except KeyboardInterrupt as e:  # Ctrl-C
-        if debug:
-            raise
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, with or without --debug
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
-        print(stop.line(ns.command), file=sys.stderr)
+        if console.is_main_process():
+            print(stop.line(ns.command), file=sys.stderr)
         return 128 + stop.signum
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
