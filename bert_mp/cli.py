@@ -43,6 +43,11 @@ COMMANDS = {
         "command",
         "a checkpoint (even of a stopped run) -> a Hugging Face folder",
     ),
+    "launch": (
+        "bert_mp.core.launch",
+        "command",
+        "accelerate launch train|finetune on N processes; Ctrl-C / SIGTERM exit 130 / 143 with one line",
+    ),
     "config": (
         "bert_mp.core.config_doc",
         "command",
@@ -78,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
             )
             sp.add_argument("--out", help="destination folder (default: <run>/export-step_N)")
+        elif name == "launch":  # parsed by bert_mp.core.launch (accelerate's options come first)
+            sp.add_argument(
+                "args", nargs=argparse.REMAINDER, help="[accelerate launch options] train|finetune ..."
+            )
         elif name == "config":
             sp.add_argument("selector", nargs="?", help="a section (train) or a key prefix (train.fp16)")
         else:
@@ -116,7 +125,21 @@ def _format_warning(message, category, filename, lineno, line=None):  # noqa: AN
     return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
+def _launch(argv: list[str]) -> int:
+    """``bert-mp launch ...``: accelerate launch's own options come before the command, so argparse
+    does not see them."""
+    console.set_command("launch")
+    try:
+        return int(importlib.import_module("bert_mp.core.launch").command(argv) or 0)
+    except BertMPError as e:
+        print(f"bert-mp launch: error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:
+        return _launch(argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
