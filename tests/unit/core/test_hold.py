@@ -10,6 +10,8 @@ import pytest
 
 from bert_mp.core import hold
 
+pytestmark = pytest.mark.signals
+
 
 def _signal_once_ready(ready, signum: int) -> threading.Thread:
     """A thread that sends ``signum`` to this process once ``ready`` exists (after the hold began)."""
