@@ -130,7 +130,12 @@ def _launch(argv: list[str]) -> int:
     does not see them."""
     console.set_command("launch")
     try:
-        return int(importlib.import_module("bert_mp.core.launch").command(argv) or 0)
+        launch = importlib.import_module("bert_mp.core.launch")
+        if argv[:1] not in (["-h"], ["--help"], []):  # a config mistake: one line before any process starts
+            from bert_mp.core.config import load_config
+
+            load_config(*split_config_args(launch.split_launch_args(argv)[2]))
+        return int(launch.command(argv) or 0)
     except BertMPError as e:
         print(f"bert-mp launch: error: {e}", file=sys.stderr)
         return 2

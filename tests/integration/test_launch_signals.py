@@ -134,3 +134,18 @@ def test_accelerate_launch_cpu_with_two_processes_says_that_one_runs(project):
     assert len(warned) == 1 and warned[0].startswith("bert-mp train: warning: accelerate launch"), proc.stderr
     assert "bert-mp launch --num_processes 2" in warned[0]
     assert json.loads((project / "one" / "summary.json").read_text())["batch"]["processes"] == 1
+
+
+def test_launch_checks_the_config_before_any_process_starts(project):
+    args = ["launch", "--num_processes", "2", "train", *TRAIN, "train.output_dir=never", "train.max_step=3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert_mp", *args],
+        cwd=project,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("bert-mp launch: error: train.max_step") and not (project / "never").exists()
