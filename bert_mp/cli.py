@@ -3,7 +3,8 @@
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
 a traceback; ``--debug`` shows the traceback. Ctrl-C ends in one line too, ``interrupted (SIGINT)``
-(with what was left on disk where data was being prepared), exit code 130.
+(with what was left on disk where data was being prepared), exit code 130, with ``--debug`` as well.
+``bert-mp launch`` runs ``train`` / ``finetune`` under ``accelerate launch`` (bert_mp.core.launch).
 """
 
 from __future__ import annotations
