@@ -39,6 +39,10 @@ def hold(*point: object) -> None:
         return
     if os.environ.get("RANK", "0") != "0":
         return
+    if not os.environ.get(READY_ENV):
+        raise RuntimeError(
+            f"{HOLD_ENV}={want} needs {READY_ENV}: the file to create when the point is reached"
+        )
     ready = Path(os.environ[READY_ENV])
     with _signal_pipe() as fd:
         tmp = ready.with_name(ready.name + ".tmp")
