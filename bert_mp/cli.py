@@ -3,7 +3,8 @@
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
 a traceback; ``--debug`` shows the traceback. Ctrl-C ends in one line too, ``interrupted (SIGINT)``
-(with what was left on disk where data was being prepared), exit code 130.
+(with what was left on disk where data was being prepared), exit code 130, with ``--debug`` as well.
+``bert-mp launch`` runs ``train`` / ``finetune`` under ``accelerate launch`` (bert_mp.core.launch).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import sys
 import warnings
 
+from bert_mp.core import console
 from bert_mp.core.noise import quiet_libraries
 from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
@@ -42,6 +44,11 @@ COMMANDS = {
         "bert_mp.core.export",
         "command",
         "a checkpoint (even of a stopped run) -> a Hugging Face folder",
+    ),
+    "launch": (
+        "bert_mp.core.launch",
+        "command",
+        "accelerate launch train|finetune on N processes; Ctrl-C / SIGTERM exit 130 / 143 with one line",
     ),
     "config": (
         "bert_mp.core.config_doc",
@@ -80,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
             )
             sp.add_argument("--out", help="destination folder (default: <run>/export-step_N)")
+        elif name == "launch":  # parsed by bert_mp.core.launch (accelerate's options come first)
+            sp.add_argument(
+                "args", nargs=argparse.REMAINDER, help="[accelerate launch options] train|finetune ..."
+            )
         elif name == "config":
             sp.add_argument("selector", nargs="?", help="a section (train) or a key prefix (train.fp16)")
         else:
@@ -108,21 +119,40 @@ def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 _PLAIN_FORMAT = warnings.formatwarning
-_SPEAKER = ["bert-mp"]
 
 
 def _format_warning(message, category, filename, lineno, line=None):  # noqa: ANN001 (warnings' signature)
-    """:class:`BertMPWarning` as ``bert-mp <command>: warning: ...`` (no source line under it)."""
+    """:class:`BertMPWarning` as ``bert-mp <command>: warning: ...`` (no source line under it), on the
+    main process only (every process of a launch would warn alike)."""
     if issubclass(category, BertMPWarning):
-        return f"{_SPEAKER[0]}: warning: {message}\n"
+        return f"{console.speaker()}: warning: {message}\n" if console.is_main_process() else ""
     return _PLAIN_FORMAT(message, category, filename, lineno, line)
 
 
+def _launch(argv: list[str]) -> int:
+    """``bert-mp launch ...``: accelerate launch's own options come before the command, so argparse
+    does not see them."""
+    console.set_command("launch")
+    try:
+        launch = importlib.import_module("bert_mp.core.launch")
+        if argv[:1] not in (["-h"], ["--help"], []):  # a config mistake: one line before any process starts
+            from bert_mp.core.config import load_config
+
+            load_config(*split_config_args(launch.split_launch_args(argv)[2]))
+        return int(launch.command(argv) or 0)
+    except BertMPError as e:
+        print(f"bert-mp launch: error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:
+        return _launch(argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
-    _SPEAKER[0] = f"bert-mp {ns.command}"
+    console.set_command(ns.command)
     warnings.formatwarning = _format_warning
     quiet_libraries(debug)
     module_name, func_name, _ = COMMANDS[ns.command]
@@ -152,11 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
-    except KeyboardInterrupt as e:  # Ctrl-C
-        if debug:
-            raise
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, with or without --debug
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
-        print(stop.line(ns.command), file=sys.stderr)
+        if console.is_main_process():
+            print(stop.line(ns.command), file=sys.stderr)
         return 128 + stop.signum
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()

@@ -33,12 +33,12 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
 from bert_mp.core import checkpoint as ckpt
+from bert_mp.core import hold
 from bert_mp.core.config import Config, load_config, save_config
 from bert_mp.core.io import read_jsonl
 from bert_mp.pretrain import trainer as train_mod
@@ -221,41 +221,42 @@ def _tmp_folders(ckpt_dir: Path) -> list[Path]:
     return [p for p in ckpt_dir.iterdir() if p.name.startswith(".tmp-step_")]
 
 
-def _wait_for(proc: subprocess.Popen, ready: Any, poll_s: float) -> bool:
-    """Poll ``ready()`` until it holds (True) or the process exits (False)."""
+def _wait_held(proc: subprocess.Popen, ready: Path) -> bool:
+    """Until the process holds at its point (True: ``ready`` exists) or exits (False). Waiting on the
+    process is the poll interval: no sleep, and its exit is seen at once."""
     deadline = time.monotonic() + CHILD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if ready():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(poll_s)
-    raise TimeoutError("the training process neither reached the kill point nor exited")
+    while not ready.exists():
+        try:
+            proc.wait(timeout=0.01)
+            return ready.exists()
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the training process neither reached its hold point nor exited") from None
+    return True
 
 
-def interrupt(
-    runner: Runner, cfg_path: Path, out_dir: Path, rec: KillRecord, rng: random.Random, log: Path
-) -> None:
-    """Start a run, kill it as ``rec`` says, and fill in what was left on disk."""
-    ckpt_dir = out_dir / "checkpoints"
+def hold_point(rec: KillRecord) -> str:
+    """Where the process holds for ``rec``'s signal (:mod:`bert_mp.core.hold`): inside the write of
+    checkpoint ``target`` at ``stage``, or after step ``target``."""
     if rec.aim == "write":
-        # The process holds inside the write (ckpt.PAUSE_ENV) until the SIGKILL lands: deterministic,
-        # whatever the machine's speed; the kill itself is a real SIGKILL.
-        ready = out_dir.with_name(f"{out_dir.name}.pause-ready")
-        ready.unlink(missing_ok=True)
-        env = {ckpt.PAUSE_ENV: f"{rec.target}:{rec.stage}:{ready}"}
-        proc = runner.start(cfg_path, log, env)
-        hit = _wait_for(proc, ready.exists, 0.005)
-        ready.unlink(missing_ok=True)
-        delay = 0.0
-    else:
-        proc = runner.start(cfg_path, log)
-        hit = _wait_for(proc, lambda: last_logged_step(out_dir) >= rec.target, 0.005)
-        delay = rng.uniform(0.0, 0.05)
+        return f"checkpoint:{rec.target}:{rec.stage}"
+    return f"step:{rec.target}"
+
+
+def interrupt(runner: Runner, cfg_path: Path, out_dir: Path, rec: KillRecord, log: Path) -> None:
+    """Start a run, kill it as ``rec`` says, and fill in what was left on disk.
+
+    The process holds at the kill point (``BERT_MP_HOLD``) until the signal lands: deterministic,
+    whatever the machine's speed or load; the signal itself is a real SIGKILL or SIGTERM."""
+    ckpt_dir = out_dir / "checkpoints"
+    ready = out_dir.with_name(f"{out_dir.name}.held")
+    ready.unlink(missing_ok=True)
+    proc = runner.start(cfg_path, log, {hold.HOLD_ENV: hold_point(rec), hold.READY_ENV: str(ready)})
+    hit = _wait_held(proc, ready)
     if hit:
-        time.sleep(delay)
         proc.send_signal(signal.SIGKILL if rec.signal == "SIGKILL" else signal.SIGTERM)
     rec.returncode = proc.wait(timeout=CHILD_TIMEOUT_S)
+    ready.unlink(missing_ok=True)
     rec.completed_before_kill = not hit or (rec.returncode == 0 and (out_dir / "final").is_dir())
     rec.logged_step = last_logged_step(out_dir)
     rec.resume_step = newest_complete_step(ckpt_dir)
@@ -344,7 +345,7 @@ def run_drill(workdir: Path, spec: DrillSpec, prepared: Path | None = None) -> d
         launches, resume_from = 0, 0
         for _ in range(1 if sigterm else spec.kills):
             rec = _plan_kill(trial, resume_from, spec, rng, sigterm)
-            interrupt(runner, resume if launches else fresh, out, rec, rng, log)
+            interrupt(runner, resume if launches else fresh, out, rec, log)
             launches += 1
             kills.append(rec)
             if rec.completed_before_kill:

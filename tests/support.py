@@ -531,3 +531,31 @@ def golden_record(name: str, key: str | None, value: dict[str, Any]) -> None:
         new.update(value)
     GOLDEN.mkdir(exist_ok=True)
     path.write_text(json.dumps(new, indent=1) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# acting on a running process: hold it at a named point first (bert_mp.core.hold), never race it
+# --------------------------------------------------------------------------------------------------
+def hold_env(point: str, ready: Path) -> dict[str, str]:
+    """Environment that stops a command at ``point`` (``step:2``, ``prepare:paired``, ...) until a
+    signal reaches it; ``ready`` appears once it is there."""
+    from bert_mp.core.hold import HOLD_ENV, READY_ENV
+
+    Path(ready).unlink(missing_ok=True)
+    return {HOLD_ENV: point, READY_ENV: str(ready)}
+
+
+def wait_held(proc: subprocess.Popen, ready: Path, timeout: float = 300.0) -> None:
+    """Block until ``proc`` holds at its point (``ready`` exists); fail if it exits first. Waiting on
+    the process is the poll interval (no sleep): its exit is noticed at once."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not Path(ready).exists():
+        try:
+            proc.wait(timeout=0.02)
+        except subprocess.TimeoutExpired:
+            assert time.monotonic() < deadline, f"the process did not reach its hold point in {timeout} s"
+            continue
+        out, err = proc.communicate()
+        raise AssertionError(f"exited {proc.returncode} before its hold point:\n{out!s:.3000}\n{err!s:.3000}")

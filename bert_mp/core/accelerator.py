@@ -50,4 +50,17 @@ def build_accelerator(plan: PrecisionPlan, output_dir: str | Path, log_with: lis
         kwargs_handlers=plan.accelerate_kwargs_handlers(),
     )
     plan.apply_backend_flags()
+    _warn_if_fewer_processes(accelerator.num_processes)
     return accelerator
+
+
+def _warn_if_fewer_processes(world: int) -> None:
+    """A plain ``accelerate launch --num_processes N`` that started fewer processes says so."""
+    import warnings
+
+    from bert_mp.core.launch import process_count_warning
+    from bert_mp.errors import BertMPWarning
+
+    message = process_count_warning(world)
+    if message:
+        warnings.warn(message, BertMPWarning, stacklevel=2)

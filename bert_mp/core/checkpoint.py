@@ -17,40 +17,23 @@ import json
 import os
 import re
 import shutil
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from bert_mp.core import integrity, state_io, storage
 from bert_mp.core.export import finish_hf_folder
+from bert_mp.core.hold import hold
 from bert_mp.errors import BertMPWarning, TrainingError
 
 MARKER = "COMPLETE"
 LOOP_STATE = "loop_state.json"
 _NAME = re.compile(r"^step_(\d{8})$")
 
-PAUSE_ENV = "BERT_MP_CHECKPOINT_PAUSE"
-"""Fault-drill hook: ``<step>:<stage>:<ready file>`` makes the write of checkpoint ``step`` stop at
-``stage`` (one of :data:`WRITE_STAGES`), create the ready file and wait there, so that a drill's
-SIGKILL lands inside the write deterministically instead of by racing a poll loop."""
 WRITE_STAGES = ("empty", "state", "loop_state", "marker")
-"""Points inside a write: folder created; model/optimizer/RNG saved; loop_state.json; marker, not renamed."""
-_PAUSE_LIMIT_S = 600.0
-
-
-def _pause_point(step: int, stage: str) -> None:
-    """Wait at ``stage`` of step ``step``'s write when :data:`PAUSE_ENV` asks for it (drills only)."""
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec:
-        return
-    want_step, want_stage, ready = spec.split(":", 2)
-    if int(want_step) != step or want_stage != stage:
-        return
-    Path(ready).write_text(f"{step}:{stage}\n", encoding="utf-8")
-    deadline = time.monotonic() + _PAUSE_LIMIT_S  # never hang a run whose drill went away
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
+"""Points inside a write: folder created; model/optimizer/RNG saved; loop_state.json; marker, not renamed.
+A drill holds the write of checkpoint N at one of them with ``BERT_MP_HOLD=checkpoint:N:STAGE``
+(:mod:`bert_mp.core.hold`), so that its SIGKILL lands inside the write by construction."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -244,19 +227,19 @@ def _agree(accelerator: Any, failure: BaseException | None) -> BaseException | N
 def _start_folder(tmp: Path, step: int) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _pause_point(step, "empty")
+    hold("checkpoint", step, "empty")
 
 
 def _finish_folder(
     tmp: Path, final: Path, step: int, loop_state: dict, entries: dict[str, dict], total_limit: int
 ) -> None:
     """Main process: loop state, manifest, rename into place, rotation."""
-    _pause_point(step, "state")
+    hold("checkpoint", step, "state")
     entries[LOOP_STATE] = integrity.write_json(tmp / LOOP_STATE, loop_state)
-    _pause_point(step, "loop_state")
+    hold("checkpoint", step, "loop_state")
     integrity.write_manifest(tmp, MARKER, entries)  # other ranks' RNG files are hashed here
     _fsync_dir(tmp)
-    _pause_point(step, "marker")
+    hold("checkpoint", step, "marker")
     if final.exists():  # a re-run of the same step (e.g. after a resume) replaces it
         shutil.rmtree(final)
     os.replace(tmp, final)

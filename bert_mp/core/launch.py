@@ -30,3 +30,146 @@ def accelerate_launch(
     if port is not None:
         args += ["--main_process_port", str(port)]
     return [*args, *extra]
+
+
+# --------------------------------------------------------------------------------------------------
+# bert-mp launch: accelerate launch, with a signal's exit code and one line
+# --------------------------------------------------------------------------------------------------
+LAUNCHABLE = ("train", "finetune")
+_LAUNCHER_REPORT = "SignalException"
+"""What torch elastic's launcher raises on SIGINT/SIGTERM (after passing the signal to the ranks)."""
+
+
+def split_launch_args(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
+    """``[accelerate launch options] COMMAND [its arguments]`` -> (options, command, arguments)."""
+    from bert_mp.errors import ConfigError
+
+    for i, arg in enumerate(argv):
+        if arg in LAUNCHABLE:
+            return list(argv[:i]), arg, list(argv[i + 1 :])
+    raise ConfigError(
+        "name the command to launch after the accelerate launch options, e.g. "
+        "`bert-mp launch --num_processes 2 train CONFIG.yaml` (one of: " + ", ".join(LAUNCHABLE) + ")"
+    )
+
+
+def _pop_num_processes(options: list[str]) -> tuple[int | None, list[str]]:
+    """``--num_processes N`` (or ``=N``) taken out of ``options``; None where it is not given."""
+    rest, n, it = [], None, iter(options)
+    for arg in it:
+        if arg == "--num_processes":
+            n = int(next(it, "1"))
+        elif arg.startswith("--num_processes="):
+            n = int(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return n, rest
+
+
+def launch_argv(options: Sequence[str], command: str, args: Sequence[str], *, cuda: bool) -> list[str]:
+    """The ``accelerate launch`` command line that runs ``bert-mp COMMAND ARGS`` on every process; a
+    ``--num_processes N`` on a machine without CUDA starts N CPU processes (:func:`accelerate_launch`)."""
+    n, rest = _pop_num_processes(list(options))
+    base = (
+        accelerate_launch(n, cuda=cuda, extra=rest)
+        if n is not None
+        else [sys.executable, "-m", "accelerate.commands.launch", *rest]
+    )
+    return [*base, "-m", "bert_mp", command, *args]
+
+
+def run_launcher(argv: Sequence[str]) -> int:
+    """Run ``argv`` (an ``accelerate launch``) in its own process group and pass it every SIGINT or
+    SIGTERM this process gets, once. Without a signal: the launcher's exit code. After one: the
+    ranks save and stop, each printing as a plain ``bert-mp train`` would (the main rank's line),
+    and this returns 128 + signal; torch elastic's report of the signal it got (a traceback, exit
+    1) is dropped, anything else the launcher or a rank wrote on stderr meanwhile is shown."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
+    # its own group: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
+    proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, text=True, process_group=0)
+    caught: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        caught.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    held: list[str] = []
+    try:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            if caught and not line.startswith("bert-mp "):
+                held.append(line)  # judged once the launcher has ended
+                continue
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        code = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if not caught or code == 0:
+        return code
+    if not any(_LAUNCHER_REPORT in line for line in held):
+        sys.stderr.writelines(held)  # not the launcher's own signal report: show it all
+    return 128 + caught[0]
+
+
+def command(argv: Sequence[str]) -> int:
+    """``bert-mp launch [accelerate launch options] train|finetune [CONFIG] [key=value ...]``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(LAUNCH_HELP)
+        return 0
+    import torch
+
+    options, cmd, args = split_launch_args(argv)
+    return run_launcher(launch_argv(options, cmd, args, cuda=torch.cuda.is_available()))
+
+
+LAUNCH_HELP = """usage: bert-mp launch [ACCELERATE LAUNCH OPTIONS] {train,finetune} [CONFIG.yaml] [key=value ...]
+
+Runs `accelerate launch ... -m bert_mp COMMAND ...`. Without CUDA, `--num_processes N` starts N CPU
+processes (gloo); a plain `accelerate launch --cpu --num_processes N` starts one. Ctrl-C or SIGTERM
+is passed to the launcher once; the ranks finish their step, save a checkpoint and stop, and this
+exits 130 / 143 with the run's one stopped line (not torch elastic's traceback and exit 1)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# a plain `accelerate launch` that starts fewer processes than it was asked for
+# --------------------------------------------------------------------------------------------------
+def requested_processes() -> int | None:
+    """``--num_processes`` of the ``accelerate launch`` that started this process (its parent, the
+    simple launcher Accelerate uses for ``--cpu``); None when there is none or it does not say."""
+    import os
+
+    if "ACCELERATE_USE_CPU" not in os.environ:  # set by accelerate launch for the processes it starts
+        return None
+    try:
+        import psutil
+
+        parent = psutil.Process().parent()
+        cmdline = parent.cmdline() if parent else []
+    except Exception:  # noqa: BLE001 (no psutil, no permission: nothing to say)
+        return None
+    if not any("accelerate" in part for part in cmdline[:3]):
+        return None
+    try:
+        return _pop_num_processes(cmdline)[0]
+    except ValueError:
+        return None
+
+
+def process_count_warning(world: int) -> str | None:
+    """A warning when ``accelerate launch`` was asked for more processes than run (None: all is well)."""
+    asked = requested_processes()
+    if asked is None or asked <= world:
+        return None
+    return (
+        f"accelerate launch was asked for {asked} processes, but {world} runs: on a CPU, Accelerate starts "
+        "one process for --cpu (or a CPU config without multi-process settings); run "
+        f"`bert-mp launch --num_processes {asked} ...`, or add --multi_gpu, or use "
+        "--config_file configs/accelerate/cpu_multiprocess.yaml"
+    )

@@ -34,7 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bert_mp.core import console
 from bert_mp.core.config import Config, DataConfig, load_config, save_config
+from bert_mp.core.hold import hold
 from bert_mp.core.io import atomic_write_json
 from bert_mp.core.loop import interrupts_in_this_process_only
 from bert_mp.data import allocator
@@ -721,12 +723,23 @@ def tokenizer_cache_path(data: DataConfig, text_digest: str) -> Path:
 
 def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    save_tokenizer(tokenizer, tmp)
-    if path.exists():
-        old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
-        path.rename(old)
-        shutil.rmtree(old, ignore_errors=True)
-    tmp.rename(path)
+    try:
+        save_tokenizer(tokenizer, tmp)
+        hold("tokenizer", "written")  # tests only: stop here until signalled
+        if path.exists():
+            old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+            path.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(path)
+    except BaseException:  # an error or a Ctrl-C: no half-written tokenizer stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _remove_own_tokenizer_tmp(data: DataConfig) -> None:
+    """A SIGTERM exits at once, without unwinding: remove this process's temporary tokenizer folder."""
+    for tmp in (Path(data.cache_dir) / "tokenizers").glob(f".tmp-*-{os.getpid()}-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _PAIR_WORKER: tuple | None = None
@@ -836,6 +849,7 @@ def _pair_blocks(
                         table, stats[s, b] = pairer(s, b, doc_ids)
                         writer.write_table(table)
                         bar.update(1)
+                        hold("prepare", "paired")  # tests only: stop here until signalled
         else:
             costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
             _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats, bar)
@@ -885,6 +899,7 @@ def _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats,
                     if j is None:
                         stats[key] = f.result()  # a worker's error is raised here
                         bar.update(1)
+                        hold("prepare", "paired")  # tests only: stop here until signalled
                         continue
                     pieces[key][j] = f.result()
                     if all(p is not None for p in pieces[key]):  # the block's pairing, now a job
@@ -1233,7 +1248,8 @@ def print_summary(stats: dict, path: Path) -> None:
         + f"; {stats['tokens_per_sec']:.0f} tokens/s"
     )
     lines += [f"  warning: {w}" for w in stats.get("warnings", [])]
-    print("\n".join(lines), flush=True)
+    if console.is_main_process():
+        print("\n".join(lines), flush=True)
 
 
 def prepare(cfg: Config, force: bool = False) -> Path:
@@ -1242,7 +1258,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     data.validate()
     final = cache_path(data)
     if is_complete(final) and not force:
-        print(f"bert-mp prepare: reusing {final} (same data config; --force rebuilds)", flush=True)
+        console.say(f"reusing {final} (same data config; --force rebuilds)", command="prepare")
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -1251,7 +1267,9 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     def on_exit(signum: int) -> None:  # SIGTERM (or a second Ctrl-C): the process exits right after
         detail = _left_behind(final, tmp, was_complete)
         shutil.rmtree(tmp, ignore_errors=True)
-        print(Interrupted(signum, detail).line("prepare"), file=sys.stderr)
+        _remove_own_tokenizer_tmp(data)
+        if console.is_main_process():  # named for the command run (train, when it prepares first)
+            print(Interrupted(signum, detail).line(console.command("prepare")), file=sys.stderr)
 
     try:
         with interrupts_in_this_process_only(on_exit) as caught:
@@ -1324,10 +1342,10 @@ def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:
         return
     old = json.loads(old_stats.read_text(encoding="utf-8")).get("fingerprint")
     if old and old != fingerprint:
-        print(
-            f"bert-mp prepare: warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
+        console.say(
+            f"warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
             "runs trained on the old data refuse to resume on it unless train.allow_data_change=true",
-            flush=True,
+            command="prepare",
         )
 
 

@@ -26,12 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
+from bert_mp.core import console
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
 from bert_mp.core.export import finish_hf_folder, verify_export
 from bert_mp.core.guard import NumericsGuard
+from bert_mp.core.hold import hold
 from bert_mp.core.hub import resolve_hub_model
 from bert_mp.core.io import looks_like_local_path
 from bert_mp.core.loop import BatchGeometry, LoopState, exit_code, outcome_line, stop_on_signals
@@ -373,6 +375,7 @@ class FineTuner:
             with stop_on_signals(self.state):
                 while self.state.step < self.total_steps and not self.state.stop_reason:
                     self.train_step()
+                    hold("step", self.state.step)  # tests only: stop here until signalled
         except TrainingError as e:
             self.finish("failed", error=str(e))
             raise
@@ -750,18 +753,18 @@ def command(config_path: str | None, overrides: list[str]) -> int:
     cfg = load_config(config_path, overrides)
     s = run_finetune(cfg)
     if s["status"] != "completed":  # no final/: `bert-mp finetune ... && bert-mp predict ...` stops here
-        print(outcome_line("finetune", s, cfg.finetune.output_dir))
+        console.show(outcome_line("finetune", s, cfg.finetune.output_dir))
         return exit_code(s)
-    print(
+    console.show(
         f"bert-mp finetune: {s['task']['name']} ({s['task']['num_labels']} labels), {s['steps']} steps, "
         f"{s['precision']['name']}, init={s['loading']['init']}"
     )
     for split in ("validation", "test"):
         m = s[split]
         if m:
-            print(
+            console.show(
                 f"  {split:<10} accuracy {_fmt(m['accuracy'])}  macro-F1 {_fmt(m['macro_f1'])}  MCC {_fmt(m['mcc'])}"
                 f"  ({m['examples']} examples)"
             )
-    print(f"  -> {cfg.finetune.output_dir}")
+    console.show(f"  -> {cfg.finetune.output_dir}")
     return 0

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from bert_mp.core import checkpoint as ckpt
+from bert_mp.core import console
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.callbacks import StepFacts, TrainContext, build_callbacks
 from bert_mp.core.checkpointer import Checkpointer
@@ -38,6 +39,7 @@ from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
 from bert_mp.core.export import pretraining_facts
 from bert_mp.core.guard import NumericsGuard
+from bert_mp.core.hold import hold
 from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp train`'s own
     STOP_EXIT_CODES,  # noqa: F401
     STOPPED_EXIT_CODE,  # noqa: F401
@@ -106,6 +108,7 @@ class Trainer:
             with stop_on_signals(self.state):
                 while self.state.step < self.tc.max_steps and not self.state.stop_reason:
                     self.train_step()
+                    hold("step", self.state.step)  # tests only: stop here until signalled
         except TrainingError as e:
             self.finish("failed", None, error=str(e))
             raise
@@ -464,5 +467,5 @@ def command(config_path: str | None, overrides: list[str]) -> int:
         if ev
         else None
     )
-    print(outcome_line("train", summary, cfg.train.output_dir, result))
+    console.show(outcome_line("train", summary, cfg.train.output_dir, result))
     return exit_code(summary)

@@ -7,12 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
-from support import fresh_process_main, make_prepared, tiny_config
+from support import fresh_process_main, hold_env, make_prepared, tiny_config, wait_held
 
 import bert_mp.pretrain.trainer as train_mod
 from bert_mp.core import checkpoint as ckpt
@@ -21,7 +21,7 @@ from bert_mp.core.io import read_jsonl
 
 
 def _run(
-    cfg, data_root: Path, *extra: str, wait: bool = True
+    cfg, data_root: Path, *extra: str, wait: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.Popen | subprocess.CompletedProcess:
     cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
     save_config(cfg, cfg_path)
@@ -31,6 +31,7 @@ def _run(
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        **(env or {}),
     }
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -83,23 +84,21 @@ def test_resume_mid_epoch_in_fresh_process_is_bit_identical(tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
+@pytest.mark.signals
 def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    """SIGTERM to a run held after step 3 (of 100,000): it saves the step it stopped on, exits 143."""
     data_root = tmp_path / "data"
     make_prepared(data_root)
     cfg = tiny_config(tmp_path / "run", max_steps=100_000, export=False)
-    proc = _run(cfg, data_root, wait=False)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()[0]
+    ready = tmp_path / "held"
+    proc = _run(cfg, data_root, wait=False, env=hold_env("step:3", ready))
+    wait_held(proc, ready)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, output  # 128 + SIGTERM: `bert-mp train && ...` does not go on
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stop_reason"] == "signal SIGTERM"
+    assert summary["steps"] in (3, 4)  # the step under way when the signal landed is finished
     latest = ckpt.find_latest(tmp_path / "run" / "checkpoints")
     assert latest is not None and latest.name == ckpt.checkpoint_name(summary["steps"])
     assert json.loads((latest / ckpt.LOOP_STATE).read_text())["step"] == summary["steps"]

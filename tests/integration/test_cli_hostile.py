@@ -8,6 +8,7 @@ one small project, built once: a text corpus, a fixed tokenizer, its prepared da
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import make_tokenizer, run_cli
+from support import hold_env, make_tokenizer, run_cli, wait_held
 
 from bert_mp.core.config import load_config
 from bert_mp.pretrain.trainer import train
@@ -150,19 +151,22 @@ def session_processes(sid: int) -> list[str]:
     return found
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"exited {proc.returncode} before {what}: {out[-2000:]} {err[-3000:]}")
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
+def session_ends(sid: int, timeout: float = 10.0) -> list[str]:
+    """Wait (up to ``timeout``) for every process of session ``sid`` to end; those left."""
+    import psutil
+
+    procs = []
+    for entry in session_processes(sid):
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(int(entry.split()[0])))
+    psutil.wait_procs(procs, timeout=timeout)
+    return session_processes(sid)
 
 
 # --------------------------------------------------------------------------------------------------
 # Ctrl-C / SIGTERM
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.signals
 @pytest.mark.parametrize(
     ("sig", "kill"),
     [(signal.SIGINT, os.killpg), (signal.SIGTERM, os.killpg), (signal.SIGTERM, os.kill)],
@@ -173,39 +177,86 @@ def test_prepare_interrupted_while_pairing_is_one_line_and_leaves_nothing(tmp_pa
     pairing pool's workers (num_proc=2) print nothing, the command prints one line and
     exits 128 + signal, no worker or manager process is left behind (before, a SIGTERM to the
     command alone left its workers pairing on), and no prepared folder, complete-looking or
-    partial, remains."""
-    write_corpus(tmp_path / "corpus" / "a.txt", 30000, seed=1)  # ~5 MB: pairing takes seconds
+    partial, remains. The command holds once a block is paired; the signal lands there."""
+    write_corpus(tmp_path / "corpus" / "a.txt", 3000, seed=1)  # many blocks: the pool is busy
     make_tokenizer().save_pretrained(str(tmp_path / "tok"))
     args = ["prepare", *DATA, "data.num_proc=2", "data.pairing_block_chars=20000"]
-    proc = start(args, tmp_path, **QUIET)
-    blocks = tmp_path / "data"
-    wait_for(lambda: any(blocks.glob(".tmp-*/work/blocks/*.arrow")), proc, 120, "a paired block")
+    ready = tmp_path / "held"
+    proc = start(args, tmp_path, **QUIET, **hold_env("prepare:paired", ready))
+    wait_held(proc, ready)
     kill(proc.pid, sig)  # killpg: what a terminal does on Ctrl-C (and `kill -TERM -PGID`)
     out, err = proc.communicate(timeout=60)
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 128 + sig and "Traceback" not in err and len(lines) == 1, (out, err)
     key = load_config(None, args[1:]).data.cache_key()
     assert lines[0] == f"bert-mp prepare: interrupted ({sig.name}); nothing written to data/{key}"
-    deadline = time.monotonic() + 10
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert session_processes(proc.pid) == []  # no orphaned pool worker or manager
-    assert [p.name for p in blocks.iterdir()] == []  # neither the folder nor its temporary build
+    assert session_ends(proc.pid) == []  # no orphaned pool worker or manager
+    assert [p.name for p in (tmp_path / "data").iterdir()] == []  # neither the folder nor its build
 
 
-def test_ctrl_c_during_training_saves_a_checkpoint_and_exits_130(copy):
-    """Ctrl-C (SIGINT to the whole group) through the CLI; SIGTERM: test_checkpoint.py."""
-    proc = start(["train", *TRAIN, "train.output_dir=long", "train.max_steps=100000"], copy)
-    metrics = copy / "long" / "metrics.jsonl"
-    wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 2, proc, 120, "2 steps")
+@pytest.mark.signals
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_ctrl_c_during_training_saves_a_checkpoint_and_exits_130(copy, debug):
+    """Ctrl-C (SIGINT to the whole group) through the CLI, held after step 2; with --debug too (one
+    line, no traceback). SIGTERM: test_checkpoint_processes.py."""
+    ready = copy / "held"
+    flags = ["--debug"] if debug else []
+    args = [*flags, "train", *TRAIN, "train.output_dir=long", "train.max_steps=100000"]
+    proc = start(args, copy, **hold_env("step:2", ready))
+    wait_held(proc, ready)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.strip() == "", (out, err)
     summary = json.loads((copy / "long" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stop_reason"] == "signal SIGINT"
+    assert summary["steps"] in (2, 3)  # the step under way when the signal landed is finished
     saved = sorted(p.name for p in (copy / "long" / "checkpoints").iterdir())
     assert saved == [f"step_{summary['steps']:08d}"]
     assert f"bert-mp train: stopped after {summary['steps']} steps (signal SIGINT; checkpoint saved)" in out
+
+
+@pytest.mark.signals
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "SIGTERM"])
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_train_interrupted_while_preparing_names_train(tmp_path, sig, debug):
+    """``bert-mp train`` prepares its data first: an interruption there is one ``bert-mp train:``
+    line (Ctrl-C and SIGTERM alike, with or without --debug), exit 128 + signal, nothing left."""
+    write_corpus(tmp_path / "corpus" / "a.txt", 3000, seed=1)
+    make_tokenizer().save_pretrained(str(tmp_path / "tok"))
+    args = [*TRAIN, "data.num_proc=2", "data.pairing_block_chars=20000"]
+    ready = tmp_path / "held"
+    flags = ["--debug"] if debug else []
+    proc = start([*flags, "train", *args], tmp_path, **QUIET, **hold_env("prepare:paired", ready))
+    wait_held(proc, ready)
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 128 + sig and "Traceback" not in err and len(lines) == 1, (out, err)
+    key = load_config(None, args).data.cache_key()
+    assert lines[0] == f"bert-mp train: interrupted ({sig.name}); nothing written to data/{key}"
+    assert session_ends(proc.pid) == []
+    assert [p.name for p in (tmp_path / "data").iterdir()] == []
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.signals
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "SIGTERM"])
+def test_interrupt_while_the_tokenizer_is_written_leaves_no_temporary_folder(tmp_path, sig):
+    """A tokenizer trained by ``bert-mp train``'s data preparation, interrupted while written to its
+    temporary folder: one ``bert-mp train:`` line and no ``.tmp-*`` folder (nor anything else)."""
+    write_corpus(tmp_path / "corpus" / "a.txt", 200, seed=2)
+    args = [a for a in TRAIN if not a.startswith("data.tokenizer=")] + ["data.vocab_size=128"]
+    ready = tmp_path / "held"
+    proc = start(["train", *args], tmp_path, **QUIET, **hold_env("tokenizer:written", ready))
+    wait_held(proc, ready)
+    assert [p.name[:5] for p in (tmp_path / "data" / "tokenizers").iterdir()] == [".tmp-"]
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 128 + sig and len(lines) == 1 and "Traceback" not in err, (out, err)
+    assert lines[0].startswith(f"bert-mp train: interrupted ({sig.name}); nothing written to data/")
+    assert list((tmp_path / "data" / "tokenizers").iterdir()) == []
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["tokenizers"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,10 +7,9 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from support import FINETUNE_WORDS, run_cli, sentence
+from support import FINETUNE_WORDS, hold_env, run_cli, sentence, wait_held
 
 MAX_LEN = 16  # the fine-tuning length; the checkpoint has 64 positions
 COMPARED = ("accuracy", "macro_f1", "mcc", "per_class_f1", "examples")
@@ -234,14 +233,17 @@ def test_a_file_without_the_label_column_gets_predictions_only(holes):
 # --------------------------------------------------------------------------------------------------
 # a stopped fine-tune exits like bert-mp train
 # --------------------------------------------------------------------------------------------------
+@pytest.mark.signals
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
 def test_a_stopped_finetune_exits_like_train(tmp_path, ckpt, sig, code):
-    """The run has 100,000 steps to go when the signal lands (it is sent once a step is logged)."""
+    """The run has 100,000 steps to go when the signal lands (it holds after step 1 until it does)."""
     import os
 
     train = _write(tmp_path / "train.csv", ["text", "label"], _train_rows(64))
     out = tmp_path / "ft"
+    ready = tmp_path / "held"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update(hold_env("step:1", ready))
     args = [f"finetune.checkpoint={ckpt}", "finetune.task=local", f"finetune.train_file={train}"]
     args += [f"finetune.output_dir={out}", "finetune.max_steps=100000", "finetune.progress_bar=false"]
     args += ["finetune.batch_size=8", f"finetune.max_seq_length={MAX_LEN}"]
@@ -252,13 +254,7 @@ def test_a_stopped_finetune_exits_like_train(tmp_path, ckpt, sig, code):
         text=True,
         env=env,
     )
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        if metrics.is_file() and '"kind": "train"' in metrics.read_text():
-            break
-        time.sleep(0.1)
-    assert proc.poll() is None, proc.communicate()
+    wait_held(proc, ready)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=300)
     summary = json.loads((out / "summary.json").read_text())

@@ -255,6 +255,7 @@ def test_nonfinite_fp32_loss_stops_with_a_checkpoint(tmp_path, ckpt):
     assert (tmp_path / "out" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
 
 
+@pytest.mark.signals  # a SIGTERM sent to this process from inside the step: ordered by construction
 def test_sigterm_then_resume_is_bit_identical(tmp_path, ckpt):
     """SIGTERM during step 4 (of 6 per epoch): the run saves and stops; resuming finishes the run with
     the same per-step losses, evaluations and final weights as an uninterrupted one."""

@@ -262,6 +262,7 @@ def test_nonfinite_loss_read_late_stops_naming_the_last_good_checkpoint(data, tm
     assert s["status"] == "failed" and "read back at step 6" in s["error"]
 
 
+@pytest.mark.signals  # a SIGTERM sent to this process from inside the step: ordered by construction
 def test_signal_stops_the_same_step_when_metrics_are_read_late(data, tmp_path):
     """One process: a SIGTERM seen during step 2 stops after step 2 in both modes, all rows written."""
     stopped = {}
