@@ -51,7 +51,7 @@ def test_cli_can_replace_the_base(files, tmp_path):
     [
         ("sweep:\n  base: base.yaml\n  precisons: [fp32]\n", "precisons"),
         ("sweep:\n  base: base.yaml\ntrain:\n  max_step: 3\n", "max_step"),
-        ("sweep:\n  base: base.yaml\n  precisions: [fp32, fp8]\n", "sweep.precisions"),
+        ("sweep:\n  base: base.yaml\n  precisions: [fp32, fp4]\n", "sweep.precisions"),
         ("sweep:\n  base: base.yaml\n  precisions: [bf16, fp16]\n", "must include fp32"),
         ("sweep:\n  base: missing.yaml\n", "sweep.base"),
         ("sweep:\n  base: base.yaml\n  warn_multiplier: 3\n  fail_multiplier: 2\n", "sweep.fail_multiplier"),
