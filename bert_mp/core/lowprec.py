@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+BF16_UPDATE_MODES = ("kahan", "stochastic", "none")
 COMP_KEY = "bf16_kahan_comp"
 """Optimizer-state key of a weight's Kahan compensation (checkpointed with the optimizer)."""
 
@@ -42,10 +43,12 @@ class Bf16UpdateHooks:
     """Step pre/post hooks that make an optimizer's updates of bf16 weights compensated or stochastic."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, mode: str, seed: int = 0):
-        assert mode in ("kahan", "stochastic"), mode
+        assert mode in BF16_UPDATE_MODES, mode
         self.optimizer, self.mode, self.seed = optimizer, mode, seed
-        self.calls = 0
         self.lifted: list[torch.Tensor] = []
+        self.before_step: list[torch.Tensor] = []
+        self.efficiency: torch.Tensor | None = None
+        """Last step's share of the optimizer's update that reached the weights (see :meth:`after`)."""
 
     def _params(self) -> list[torch.Tensor]:
         return [
@@ -64,6 +67,7 @@ class Bf16UpdateHooks:
             if self.mode == "kahan" and COMP_KEY in state:
                 lifted += state[COMP_KEY].float()
             self.lifted.append(p)
+            self.before_step.append(lifted.clone())
             p.data, p.grad = lifted, p.grad.float()
             for k, v in state.items():  # the step's arithmetic in fp32, on the bf16-stored states
                 if k != COMP_KEY and _is_moment(v, p):
@@ -76,16 +80,27 @@ class Bf16UpdateHooks:
             # one stream per (seed, step): a resumed run rounds exactly as an uninterrupted one
             gen = torch.Generator(device=self.lifted[0].device)
             gen.manual_seed(self.seed * 1_000_003 + self._step_number())
-        for p in self.lifted:
+        dot = norm = None
+        for p, old in zip(self.lifted, self.before_step):
             new = p.data
-            if self.mode == "kahan":
-                rounded = new.to(torch.bfloat16)
-                optimizer.state[p][COMP_KEY] = (new - rounded.float()).to(torch.bfloat16)
-            else:
+            kept = None
+            if self.mode == "stochastic":
                 rounded = stochastic_round_bf16(new, gen)
+            else:
+                rounded = new.to(torch.bfloat16)
+            if self.mode == "kahan":
+                kept = (new - rounded.float()).to(torch.bfloat16)
+                optimizer.state[p][COMP_KEY] = kept
+            # the update that reached the weight (with the kept residual) against the one computed
+            intended = new - old
+            reached = rounded.float() - old + (kept.float() if kept is not None else 0.0)
+            d, n = (reached * intended).sum(), (intended * intended).sum()
+            dot, norm = (d, n) if dot is None else (dot + d, norm + n)
             p.data, p.grad = rounded, p.grad.to(torch.bfloat16)
             _states_to_bf16(optimizer.state[p], p)
-        self.lifted = []
+        if dot is not None:
+            self.efficiency = dot / norm.clamp(min=torch.finfo(torch.float32).tiny)
+        self.lifted, self.before_step = [], []
 
     def _step_number(self) -> int:
         """Steps taken by this optimizer (from its state, so it survives a checkpoint)."""
@@ -110,9 +125,24 @@ def _states_to_bf16(state: dict, p: torch.Tensor) -> None:
             state[k] = v.to(torch.bfloat16)
 
 
+_latest: list[Bf16UpdateHooks] = []
+
+
 def install_bf16_update(optimizer: torch.optim.Optimizer, mode: str, seed: int = 0) -> Bf16UpdateHooks:
-    """Hook ``optimizer`` so its updates of bf16 weights are ``kahan`` or ``stochastic``."""
+    """Hook ``optimizer`` so its updates of bf16 weights are ``kahan``, ``stochastic`` or ``none``
+    (round to nearest); each step measures :attr:`Bf16UpdateHooks.efficiency`."""
     hooks = Bf16UpdateHooks(optimizer, mode, seed)
     optimizer.register_step_pre_hook(hooks.before)
     optimizer.register_step_post_hook(hooks.after)
+    _latest[:] = [hooks]  # what the loop's monitor reads (one training loop per process at a time)
     return hooks
+
+
+def update_efficiency_logs() -> dict[str, float]:
+    """``bf16/update_efficiency`` of the last step of this process's bf16_pure optimizer (empty
+    without one): the projection of the update that reached the bf16 weights (plus Kahan's kept
+    residual) on the update the optimizer computed, over its squared norm. About 1 when updates
+    survive (Kahan; stochastic rounding in expectation), near 0 when they round away (a stall)."""
+    if not _latest or _latest[0].efficiency is None:
+        return {}
+    return {"bf16/update_efficiency": float(_latest[0].efficiency)}

@@ -5,7 +5,8 @@ linear / polynomial / constant schedules.
 pytorch-optimizer, StableAdamW and Lion from torch-optimi. Under ``precision=bf16_pure`` the weights
 are bf16 and ``bf16_update`` decides how updates reach them: torch-optimi's own Kahan summation
 where the optimizer has it (adamw, stable_adamw, lion), :mod:`bert_mp.core.lowprec`'s step hooks
-otherwise (and for stochastic rounding), plain bf16 arithmetic for ``none``. fp16 needs nothing
+otherwise (stochastic rounding, and ``none``: round to nearest, where small updates vanish; the hooks
+measure how much of each update reached the weights). fp16 needs nothing
 here: the GradScaler unscales before the step and skips it on overflow, whatever the optimizer.
 """
 
@@ -70,7 +71,7 @@ def build_optimizer(model: nn.Module, cfg: LoopConfig, device: torch.device) -> 
     native_kahan = update == "kahan" and cfg.optimizer in _OPTIMI_KAHAN
     groups = param_groups(model, cfg.weight_decay)
     opt = _OPTIMIZER_BUILDERS[cfg.optimizer](groups, cfg, torch.device(device), pure, native_kahan)
-    if update in ("kahan", "stochastic") and not native_kahan:
+    if pure and not native_kahan:  # also for none: round to nearest, with the stall measured
         from bert_mp.core.lowprec import install_bf16_update
 
         install_bf16_update(opt, update, cfg.seed)

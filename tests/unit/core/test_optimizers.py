@@ -12,7 +12,7 @@ from support import inf_grad_builder, load_fixture, tiny_config
 import bert_mp.pretrain.trainer as train_mod
 from bert_mp.core.config import OPTIMIZERS, TrainConfig
 from bert_mp.core.io import read_jsonl
-from bert_mp.core.lowprec import COMP_KEY, stochastic_round_bf16
+from bert_mp.core.lowprec import COMP_KEY, install_bf16_update, stochastic_round_bf16
 from bert_mp.core.optim import build_optimizer
 from bert_mp.core.sophia import HessianEstimator, Sophia
 
@@ -94,20 +94,19 @@ def test_bf16_pure_keeps_weights_and_states_in_bf16(name, update):
 def test_kahan_and_stochastic_updates_survive_below_bf16_spacing_and_nearest_rounding_stalls():
     """Updates of 1e-3 of a weight of 1.0 (bf16 spacing there: 2**-7 = 0.0078) vanish with nearest
     rounding; Kahan and stochastic rounding accumulate them."""
-    moved = {}
+    moved, efficiency = {}, {}
     for update in ("none", "kahan", "stochastic"):
         p = torch.nn.Parameter(torch.ones(256, dtype=torch.bfloat16))
-        cfg = _cfg("lamb", "bf16_pure", bf16_update=update)  # hooks (not torch-optimi's own Kahan)
+        cfg = _cfg("lamb", "bf16_pure", bf16_update=update)
         opt = torch.optim.SGD([p], lr=1e-3)
-        if update != "none":
-            from bert_mp.core.lowprec import install_bf16_update
-
-            install_bf16_update(opt, update, cfg.seed)
+        hooks = install_bf16_update(opt, update, cfg.seed)
         for _ in range(100):
             p.grad = torch.ones_like(p)
             opt.step()
         moved[update] = float(1.0 - p.detach().float().mean())
-    assert moved["none"] == 0.0
+        efficiency[update] = float(hooks.efficiency)
+    assert moved["none"] == 0.0 and efficiency["none"] == 0.0
+    assert efficiency["kahan"] == pytest.approx(1.0, abs=1e-3)
     assert moved["kahan"] == pytest.approx(0.1, abs=0.01)
     assert moved["stochastic"] == pytest.approx(0.1, abs=0.01)
 
