@@ -35,10 +35,10 @@ from bert_mp.core.hub import resolve_hub_model
 from bert_mp.core.io import looks_like_local_path
 from bert_mp.core.loop import BatchGeometry, LoopState, exit_code, outcome_line, stop_on_signals
 from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
-from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
+from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.finetune.tasks import (
