@@ -24,12 +24,22 @@ fine-tuned classifier)."""
 
 def check_torchao(key: str = "train.precision") -> None:
     """torchao's float8 training must import; otherwise say how to get it."""
+    import logging
+
+    import torch
+
+    log = logging.getLogger("torchao")
+    level = log.level
+    if not torch.cuda.is_available():  # its CUDA kernel libraries cannot load here, and are not needed
+        log.setLevel(logging.ERROR)
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: F401
     except Exception as e:  # an ImportError, or a torchao built for another torch
         raise HardwareError(
             f"{key}=fp8 needs torchao's float8 training (pip install torchao); importing it failed: {e}"
         ) from e
+    finally:
+        log.setLevel(level)
 
 
 def fp8_eligible(name: str, module: nn.Module, heads: bool = False) -> bool:

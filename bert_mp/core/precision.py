@@ -70,6 +70,7 @@ _ONEDNN_ISA_CAP = {
 }
 
 EMULATION_SLOWDOWN = "emulated bf16/fp16 matmuls are ~15-70x slower than fp32"
+FP8_EMULATION = "float8 casts and scales around fp32 matmuls prove numerics, never fp8 speed"
 EMULATION_COST = f"{EMULATION_SLOWDOWN} (512x512 matmuls measured on AMD EPYC CPUs; see docs/precision.md)"
 
 
@@ -364,7 +365,7 @@ def _cpu_check(name: str, key: str, caps: CpuCapabilities, allow_emulated: bool)
         _warned_emulated.add(name)
         print(
             f"bert-mp: warning: {key}={name} is emulated on this CPU (no {feature[name]}{masked}): "
-            f"the numerics of {name}, but {EMULATION_SLOWDOWN}.",
+            f"the numerics of {name}, but {EMULATION_SLOWDOWN if name != 'fp8' else FP8_EMULATION}.",
             file=sys.stderr,
             flush=True,
         )

@@ -7,7 +7,8 @@ graph, and under fp16 through the loss scale. Here the loop asks :class:`Hessian
 off, the math attention kernel, which has a double backward), ``g = grad(loss * scale)`` with a
 graph, then ``h = u * grad(g . u) / scale`` for a Gaussian ``u`` drawn from a generator seeded by
 ``(seed, step)``. Dividing by the loss scale gives the Hessian of the unscaled loss; an estimate that
-is not finite (an fp16 overflow) is dropped, and the step keeps the previous moving average.
+is not finite (an fp16 overflow) is dropped, and the step keeps the previous moving average. Under
+fp8 the estimate runs the float8 Linears as plain ones (float8 matmuls have no double backward).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class HessianEstimator:
         was_training = model.training
         model.eval()  # no dropout: the estimate is of the loss itself, and draws no dropout randomness
         try:
-            with torch.enable_grad(), _math_attention():
+            with torch.enable_grad(), _math_attention(), _high_precision_linears(model):
                 loss = loss_fn().float() * scale
                 live = [p for p in params if p.requires_grad]
                 grads = torch.autograd.grad(loss, live, create_graph=True, allow_unused=True)
@@ -98,6 +99,22 @@ class HessianEstimator:
 
 def _unwrap(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)
+
+
+@contextlib.contextmanager
+def _high_precision_linears(model: torch.nn.Module) -> Any:
+    """fp8: torchao's float8 matmuls have no double backward, so the estimate runs those Linears as
+    plain ones on their master weights."""
+    import torch.nn.functional as F
+
+    swapped = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    for m in swapped:
+        m.forward = lambda x, m=m: F.linear(x, m.weight, m.bias)
+    try:
+        yield
+    finally:
+        for m in swapped:
+            del m.forward
 
 
 def _math_attention() -> contextlib.AbstractContextManager:
