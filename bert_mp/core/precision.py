@@ -194,7 +194,19 @@ def library_versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
         "datasets": datasets.__version__,
+        **_optional_versions(),
     }
+
+
+def _optional_versions() -> dict[str, str]:
+    """Versions of the optimizer and float8 libraries (read from their metadata, not imported)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in ("torchao", "torch-optimi", "pytorch_optimizer"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[dist] = metadata.version(dist)
+    return out
 
 
 @dataclass(frozen=True)

@@ -294,4 +294,4 @@ def test_finetune_takes_the_new_precisions_and_optimizers(tmp_path, ckpt, precis
     assert s["precision"]["name"] == precision and s["steps"] == 3
     assert math.isfinite(s["validation"]["loss"])
     with safe_open(str(tmp_path / "out" / "final" / "model.safetensors"), "pt") as f:
-        assert all(f.get_tensor(k).dtype == torch.float32 for k in f.keys())
+        assert all(f.get_tensor(k).dtype == torch.float32 for k in f.keys())  # noqa: SIM118
