@@ -481,6 +481,13 @@ class TrainConfig(LoopConfig):
         _range(self.eval_every, "train.eval_every", 0)
         _range(self.num_workers, "train.num_workers", -1)
         _choice(self.compile, "train.compile", ("none", "model", "layers"))
+        _check(
+            self.optimizer != "sophia" or self.compile == "none",
+            "train.compile",
+            "train.optimizer=sophia needs compile=none (its Hessian estimate is a double backward, "
+            "which compiled graphs do not support)",
+            self.compile,
+        )
         _check(self.parity_tolerance > 0, "train.parity_tolerance", "must be > 0", self.parity_tolerance)
         if self.eval_max_batches is not None:
             _range(self.eval_max_batches, "train.eval_max_batches", 1)

@@ -167,3 +167,10 @@ def test_fp16_inf_gradients_skip_the_step_for_every_optimizer(tmp_path, prepared
     assert summary["status"] == "completed" and summary["steps"] == 5 and summary["skipped_steps"] == 1
     scales = [r["amp/loss_scale"] for r in read_jsonl(run / "metrics.jsonl") if "amp/loss_scale" in r]
     assert scales[-1] == cfg.train.fp16_init_scale / 2
+
+
+def test_sophia_with_a_compiled_model_is_refused_naming_the_key():
+    from bert_mp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.compile"):
+        TrainConfig(optimizer="sophia", compile="model").validate()
