@@ -28,6 +28,9 @@ def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
         cfg.fp16_growth_interval,
         allow_emulated=allow_emulated,
         key=f"{cfg.SECTION}.precision",
+        bf16_update=cfg.bf16_update,
+        fp8_recipe=cfg.fp8_recipe,
+        fp8_convert_heads=cfg.fp8_convert_heads,
     )
 
 

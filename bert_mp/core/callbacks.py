@@ -327,7 +327,8 @@ class MemoryMonitor(BaseCallback):
 
 
 class LossScaleMonitor(BaseCallback):
-    """fp16: current loss scale and the number of skipped (overflowed) steps; silent otherwise."""
+    """fp16: current loss scale and the number of skipped (overflowed) steps; bf16_pure: the share of
+    each update that reached the bf16 weights (``bf16/update_efficiency``); silent otherwise."""
 
     def _scale(self) -> float | None:
         scaler = self.ctx.scaler if self.ctx else None
@@ -340,6 +341,10 @@ class LossScaleMonitor(BaseCallback):
         if scale is not None:
             logs["amp/loss_scale"] = scale
             logs["amp/skipped_steps"] = state.skipped_steps
+        if self.ctx and (self.ctx.precision or {}).get("name") == "bf16_pure":
+            from bert_mp.core.lowprec import update_efficiency_logs
+
+            logs.update(update_efficiency_logs())
 
     def on_train_end(self, state: Any, summary: dict) -> None:
         summary["amp"] = {"loss_scale": self._scale(), "skipped_steps": state.skipped_steps}

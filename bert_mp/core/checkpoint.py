@@ -21,6 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bert_mp.core import integrity, state_io, storage
 from bert_mp.core.export import finish_hf_folder
 from bert_mp.core.hold import hold
@@ -298,7 +300,12 @@ def load_checkpoint(accelerator: Any, folder: Path) -> dict:
 
 
 def export_pretrained(
-    accelerator: Any, wrapped: Any, tokenizer: Any, out_dir: Path, card_facts: dict | None = None
+    accelerator: Any,
+    wrapped: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    card_facts: dict | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Path | None:
     """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer,
     with the tokenizer's length limit, a model card and weight checksums (:func:`bert_mp.export.finish_hf_folder`).
@@ -311,10 +318,12 @@ def export_pretrained(
     state = accelerator.get_state_dict(wrapped)
     inner = accelerator.unwrap_model(wrapped).model
     if accelerator.is_main_process:
-        hf_state = {k.removeprefix("model."): v for k, v in state.items()}
+        hf_state = {k.removeprefix("model."): _as_dtype(v, dtype) for k, v in state.items()}
 
         def write(tmp: Path) -> None:
             inner.save_pretrained(tmp, state_dict=hf_state, safe_serialization=True)
+            if dtype is not None:
+                _record_dtype(tmp, dtype)
             tokenizer.save_pretrained(tmp)
             finish_hf_folder(tmp, "pretraining", inner.config.max_position_embeddings, card_facts or {})
 
@@ -331,3 +340,18 @@ def export_pretrained(
         )
     accelerator.wait_for_everyone()
     return out_dir
+
+
+def _as_dtype(t: Any, dtype: torch.dtype | None) -> Any:
+    """Floating tensors in ``dtype`` (bf16_pure exports fp32 weights by default); others as they are."""
+    return t.to(dtype) if dtype is not None and torch.is_tensor(t) and t.is_floating_point() else t
+
+
+def _record_dtype(folder: Path, dtype: torch.dtype) -> None:
+    """config.json names the dtype the weights were written in (save_pretrained names the model's)."""
+    cfg_path = Path(folder) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in cfg:
+            cfg[key] = str(dtype).replace("torch.", "")
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")

@@ -19,9 +19,10 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_mp.core.precision import PRECISIONS
+from bert_mp.core.precision import AMP_PRECISIONS, BF16_UPDATES, FP8_RECIPES, PRECISIONS
 from bert_mp.errors import ConfigError
 
+OPTIMIZERS = ("adamw", "lamb", "sophia", "stable_adamw", "lion")
 MODEL_PRESETS = ("tiny", "mini", "small", "medium", "base", "large")
 
 
@@ -318,7 +319,28 @@ class LoopConfig:
     output_dir: str = "runs/train"
     """Run folder: config.yaml, metrics.jsonl, summary.json, checkpoints/, final/."""
     precision: str = "fp32"
-    """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (with dynamic loss scaling)."""
+    """fp32 (strict, TF32 off) | tf32 | bf16 | fp16 (with dynamic loss scaling) | bf16_pure (bf16
+    weights, gradients and optimizer states, compensated updates) | fp8 (torchao float8 Linears)."""
+    bf16_update: str = "kahan"
+    """bf16_pure: how updates reach the bf16 weights: kahan (compensated summation) | stochastic
+    (stochastic rounding) | none (round to nearest: small updates vanish; shows the stall)."""
+    fp8_recipe: str = "tensorwise"
+    """fp8: torchao float8 scaling recipe: tensorwise | rowwise."""
+    fp8_convert_heads: bool = False
+    """fp8: also convert the MLM decoder and NSP head (off: they stay at the master precision)."""
+    export_dtype: str = "fp32"
+    """Dtype of the exported weights: fp32 (loads anywhere; bf16_pure's bf16 weights are widened) | bf16."""
+    optimizer: str = "adamw"
+    """adamw (torch) | lamb (pytorch-optimizer Lamb, layer-wise trust ratio) | sophia (pytorch-optimizer
+    SophiaH, Hutchinson Hessian estimates) | stable_adamw (torch-optimi) | lion (torch-optimi). Betas are
+    adam_beta1/adam_beta2 for every optimizer; biases and LayerNorm weights get no weight decay."""
+    sophia_rho: float = 1.0
+    """sophia: clip of the preconditioned update m / h (SophiaH's ``p``): no weight moves more than
+    learning_rate x sophia_rho in a step."""
+    sophia_update_period: int = 10
+    """sophia: optimizer steps between Hessian estimates (one extra forward + double backward each)."""
+    sophia_hessian_beta: float = 0.99
+    """sophia: decay of the Hessian-diagonal moving average."""
     seed: int = 42
     """Seed for weight init, data order and dropout."""
     learning_rate: float = 1e-3
@@ -356,6 +378,13 @@ class LoopConfig:
     def validate(self) -> None:
         k = f"{self.SECTION}."
         _choice(self.precision, k + "precision", PRECISIONS)
+        _choice(self.bf16_update, k + "bf16_update", BF16_UPDATES)
+        _choice(self.fp8_recipe, k + "fp8_recipe", FP8_RECIPES)
+        _choice(self.optimizer, k + "optimizer", OPTIMIZERS)
+        _choice(self.export_dtype, k + "export_dtype", ("fp32", "bf16"))
+        _check(self.sophia_rho > 0, k + "sophia_rho", "must be > 0", self.sophia_rho)
+        _range(self.sophia_update_period, k + "sophia_update_period", 1)
+        _range(self.sophia_hessian_beta, k + "sophia_hessian_beta", 0.0, 1.0)
         _range(self.seed, k + "seed", 0)
         _check(self.learning_rate > 0, k + "learning_rate", "must be > 0", self.learning_rate)
         _range(self.weight_decay, k + "weight_decay", 0.0)
@@ -452,6 +481,13 @@ class TrainConfig(LoopConfig):
         _range(self.eval_every, "train.eval_every", 0)
         _range(self.num_workers, "train.num_workers", -1)
         _choice(self.compile, "train.compile", ("none", "model", "layers"))
+        _check(
+            self.optimizer != "sophia" or self.compile == "none",
+            "train.compile",
+            "train.optimizer=sophia needs compile=none (its Hessian estimate is a double backward, "
+            "which compiled graphs do not support)",
+            self.compile,
+        )
         _check(self.parity_tolerance > 0, "train.parity_tolerance", "must be > 0", self.parity_tolerance)
         if self.eval_max_batches is not None:
             _range(self.eval_max_batches, "train.eval_max_batches", 1)
@@ -470,7 +506,7 @@ class SweepConfig:
     """Sweep folder: sweep.json, base_config.yaml, runs/<name>/, diagnostics/, report.*, plots/."""
     base: Optional[str] = None
     """Base training recipe (e.g. configs/quickstart.yaml); the sweep file's other sections override it."""
-    precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
+    precisions: list[str] = field(default_factory=lambda: list(AMP_PRECISIONS))
     """Precisions to run; fp32 is required (it is the parity reference)."""
     micro_batch_sizes: list[int] = field(default_factory=list)
     """Optional axis: train.micro_batch_size values (empty: the base value)."""
@@ -478,6 +514,9 @@ class SweepConfig:
     """Optional axis: data.max_seq_length values, each prepared once (empty: the base value)."""
     presets: list[str] = field(default_factory=list)
     """Optional axis: model.preset values (empty: the base value)."""
+    optimizers: list[str] = field(default_factory=list)
+    """Optional axis: train.optimizer values crossed with the precisions; each optimizer's reduced-precision
+    runs are judged against that optimizer's own fp32 runs (empty: the base value)."""
     seeds: list[int] = field(default_factory=list)
     """Optional axis: train.seed values, each with its own fp32 reference (empty: the base value)."""
     reference_seed: Optional[int] = None
@@ -522,6 +561,14 @@ class SweepConfig:
             _range(v, f"sweep.seq_lengths[{i}]", 8, 512)
         for i, v in enumerate(self.presets):
             _choice(v, f"sweep.presets[{i}]", MODEL_PRESETS)
+        for i, v in enumerate(self.optimizers):
+            _choice(v, f"sweep.optimizers[{i}]", OPTIMIZERS)
+        _check(
+            len(set(self.optimizers)) == len(self.optimizers),
+            "sweep.optimizers",
+            "has duplicates",
+            self.optimizers,
+        )
         _choice(self.launcher, "sweep.launcher", ("auto", "python", "accelerate"))
         _range(self.num_processes, "sweep.num_processes", 1)
         _range(self.parity_window, "sweep.parity_window", 1)

@@ -1,10 +1,21 @@
-"""AdamW with BERT's no-decay groups, and warmup + linear / polynomial / constant schedules."""
+"""The optimizer (AdamW, LAMB, Sophia, StableAdamW, Lion) over BERT's no-decay groups, and warmup +
+linear / polynomial / constant schedules.
+
+``train.optimizer`` picks the library: AdamW is torch's; LAMB and Sophia (SophiaH) come from
+pytorch-optimizer, StableAdamW and Lion from torch-optimi. Under ``precision=bf16_pure`` the weights
+are bf16 and ``bf16_update`` decides how updates reach them: torch-optimi's own Kahan summation
+where the optimizer has it (adamw, stable_adamw, lion), :mod:`bert_mp.core.lowprec`'s step hooks
+otherwise (stochastic rounding, and ``none``: round to nearest, where small updates vanish; the hooks
+measure how much of each update reached the weights). fp16 needs nothing
+here: the GradScaler unscales before the step and skips it on overflow, whatever the optimizer.
+"""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,16 +57,87 @@ def fused_supported(device: torch.device) -> bool:
     return True
 
 
-def build_optimizer(model: nn.Module, cfg: LoopConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups`, fused when asked for and supported on ``device``."""
-    fused = bool(cfg.fused_adamw and fused_supported(torch.device(device)))
+_OPTIMI_KAHAN = ("adamw", "stable_adamw", "lion")
+"""Optimizers whose torch-optimi implementation has Kahan summation built in."""
+
+
+def build_optimizer(model: nn.Module, cfg: LoopConfig, device: torch.device) -> torch.optim.Optimizer:
+    """``cfg.optimizer`` over :func:`param_groups`, with the bf16 update of ``bf16_pure`` installed.
+
+    AdamW in fp32 storage is torch's, fused when asked for and supported on ``device``.
+    """
+    pure = cfg.precision == "bf16_pure"
+    update = cfg.bf16_update if pure else None
+    native_kahan = update == "kahan" and cfg.optimizer in _OPTIMI_KAHAN
+    groups = param_groups(model, cfg.weight_decay)
+    opt = _OPTIMIZER_BUILDERS[cfg.optimizer](groups, cfg, torch.device(device), pure, native_kahan)
+    if pure and not native_kahan:  # also for none: round to nearest, with the stall measured
+        from bert_mp.core.lowprec import install_bf16_update
+
+        install_bf16_update(opt, update, cfg.seed)
+    return opt
+
+
+def _adamw(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
+    betas = (cfg.adam_beta1, cfg.adam_beta2)
+    if kahan:
+        import optimi
+
+        return optimi.AdamW(groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_epsilon, kahan_sum=True)
+    # bf16 weights: the per-tensor path (the lifted fp32 weight and bf16 states mix dtypes)
+    fused = bool(cfg.fused_adamw and not pure and fused_supported(device))
+    extra = {"foreach": False} if pure else {}
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_epsilon, fused=fused or None, **extra
+    )
+
+
+def _optimi(cls_name: str) -> Callable[..., Any]:
+    def build(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
+        import optimi
+
+        kw: dict[str, Any] = {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2)}
+        if cls_name == "StableAdamW":
+            kw["eps"] = cfg.adam_epsilon
+        return getattr(optimi, cls_name)(groups, kahan_sum=kahan, foreach=not pure, triton=False, **kw)
+
+    return build
+
+
+def _lamb(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
+    from pytorch_optimizer import Lamb
+
+    # weight_decouple=False: the decay joins the Adam update before the trust ratio, as in BERT's LAMB
+    return Lamb(
+        groups,
         lr=cfg.learning_rate,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_epsilon,
-        fused=fused or None,
+        weight_decouple=False,
+        foreach=False if pure else None,
     )
+
+
+def _sophia(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
+    from bert_mp.core.sophia import Sophia
+
+    return Sophia(
+        groups,
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.sophia_hessian_beta),
+        p=cfg.sophia_rho,
+        update_period=cfg.sophia_update_period,
+        foreach=False if pure else None,
+    )
+
+
+_OPTIMIZER_BUILDERS: dict[str, Callable[..., Any]] = {
+    "adamw": _adamw,
+    "lamb": _lamb,
+    "sophia": _sophia,
+    "stable_adamw": _optimi("StableAdamW"),
+    "lion": _optimi("Lion"),
+}
 
 
 @dataclass(frozen=True)

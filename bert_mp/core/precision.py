@@ -32,9 +32,20 @@ import torch
 
 from bert_mp.errors import HardwareError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+AMP_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+"""The modes with fp32 weights and autocast (the default sweep)."""
+PRECISIONS = (*AMP_PRECISIONS, "bf16_pure", "fp8")
+BF16_UPDATES = ("kahan", "stochastic", "none")
+FP8_RECIPES = ("tensorwise", "rowwise")
 
-_AUTOCAST_DTYPE = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_AUTOCAST_DTYPE = {
+    "fp32": None,
+    "tf32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "bf16_pure": None,  # the weights themselves are bf16; losses are upcast to fp32 by the model
+    "fp8": None,  # float8 Linears over fp32 master weights (bf16 autocast around them on CUDA)
+}
 
 
 def _cuda_capability(device: torch.device) -> tuple[int, int]:
@@ -59,6 +70,7 @@ _ONEDNN_ISA_CAP = {
 }
 
 EMULATION_SLOWDOWN = "emulated bf16/fp16 matmuls are ~15-70x slower than fp32"
+FP8_EMULATION = "float8 casts and scales around fp32 matmuls prove numerics, never fp8 speed"
 EMULATION_COST = f"{EMULATION_SLOWDOWN} (512x512 matmuls measured on AMD EPYC CPUs; see docs/precision.md)"
 
 
@@ -118,7 +130,9 @@ class CpuCapabilities:
 
     def has(self, precision: str) -> bool:
         """Whether ``precision`` runs natively (fp32 always; tf32's CPU analogue needs bf16)."""
-        return {"fp32": True, "tf32": self.bf16, "bf16": self.bf16, "fp16": self.fp16}[precision]
+        native = {"fp32": True, "tf32": self.bf16, "bf16": self.bf16, "fp16": self.fp16}
+        native.update(bf16_pure=self.bf16, fp8=False)  # no CPU has float8 matmuls
+        return native[precision]
 
     def as_dict(self) -> dict[str, Any]:
         return {"bf16": self.bf16, "fp16": self.fp16, "amx": self.amx, "masked": list(self.masked)}
@@ -180,7 +194,19 @@ def library_versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
         "datasets": datasets.__version__,
+        **_optional_versions(),
     }
+
+
+def _optional_versions() -> dict[str, str]:
+    """Versions of the optimizer and float8 libraries (read from their metadata, not imported)."""
+    from importlib import metadata
+
+    out = {}
+    for dist in ("torchao", "torch-optimi", "pytorch_optimizer"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[dist] = metadata.version(dist)
+    return out
 
 
 @dataclass(frozen=True)
@@ -194,7 +220,27 @@ class PrecisionPlan:
     init_scale: float = 65536.0
     growth_interval: int = 2000
     emulated: bool = False
-    """True when a CPU without native bf16/fp16 runs the mode through torch's emulation."""
+    """True when a CPU without native bf16/fp16 runs the mode through torch's emulation (and for fp8
+    wherever the device has no float8 matmuls: the numerics of fp8, never its speed)."""
+    bf16_update: str = "kahan"
+    """bf16_pure: kahan | stochastic | none (see :mod:`bert_mp.core.lowprec`)."""
+    fp8_recipe: str = "tensorwise"
+    fp8_convert_heads: bool = False
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """Storage dtype of weights, gradients and optimizer states."""
+        return torch.bfloat16 if self.name == "bf16_pure" else torch.float32
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Put an fp32 model in this mode's storage: bf16 for bf16_pure, float8 Linears for fp8."""
+        if self.name == "bf16_pure":
+            return model.to(torch.bfloat16)
+        if self.name == "fp8":
+            from bert_mp.core.fp8 import convert_fp8
+
+            convert_fp8(model, self.fp8_recipe, emulate=self.emulated, heads=self.fp8_convert_heads)
+        return model
 
     @property
     def accelerate_mixed_precision(self) -> str:
@@ -225,6 +271,8 @@ class PrecisionPlan:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast context for the forward pass (a no-op context in fp32 / tf32)."""
+        if self.name == "fp8" and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)  # the ops float8 does not cover
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
@@ -258,12 +306,17 @@ class PrecisionPlan:
             "tf32": "TF32 tensor cores for fp32 matmuls/convolutions",
             "bf16": "autocast bfloat16, fp32 master weights, no loss scaling",
             "fp16": "autocast float16, fp32 master weights, dynamic loss scaling",
+            "bf16_pure": f"bf16 weights, gradients and optimizer states, no fp32 master copy; "
+            f"updates: {self.bf16_update}",
+            "fp8": f"torchao float8 Linears ({self.fp8_recipe} scaling) over fp32 master weights",
         }[self.name]
         if self.name == "tf32" and self.device.type == "cpu":
             note = (
                 "CPU analogue of tf32 (no TF32 hardware on CPU): oneDNN fp32 matmuls with bf16 inner products"
             )
-        if self.emulated:
+        if self.emulated and self.name == "fp8":
+            note += " (emulated: float8 numerics through fp32 matmuls, not fp8 speed)"
+        elif self.emulated:
             note += " (emulated: this CPU has no native support, hardware.allow_emulated=true)"
         out: dict[str, Any] = {
             "name": self.name,
@@ -277,6 +330,9 @@ class PrecisionPlan:
             "scaler_scale": float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None,
             "matmul": matmul_flags,
             "emulated": self.emulated,
+            "param_dtype": str(self.param_dtype).replace("torch.", ""),
+            "bf16_update": self.bf16_update if self.name == "bf16_pure" else None,
+            "fp8_recipe": self.fp8_recipe if self.name == "fp8" else None,
             "note": note,
             "versions": library_versions(),
         }
@@ -310,6 +366,7 @@ def _cpu_check(name: str, key: str, caps: CpuCapabilities, allow_emulated: bool)
     if caps.has(name):
         return False
     feature = {"bf16": "native bf16 (AVX512-BF16 or AMX)", "fp16": "native fp16 (AVX512-FP16 or AMX-FP16)"}
+    feature.update(bf16_pure=feature["bf16"], fp8="float8 matmuls (no CPU has them)")
     if not allow_emulated:
         raise HardwareError(
             f"{key}={name} on CPU needs {feature[name]}; this CPU has none{masked}. "
@@ -320,7 +377,7 @@ def _cpu_check(name: str, key: str, caps: CpuCapabilities, allow_emulated: bool)
         _warned_emulated.add(name)
         print(
             f"bert-mp: warning: {key}={name} is emulated on this CPU (no {feature[name]}{masked}): "
-            f"the numerics of {name}, but {EMULATION_SLOWDOWN}.",
+            f"the numerics of {name}, but {EMULATION_SLOWDOWN if name != 'fp8' else FP8_EMULATION}.",
             file=sys.stderr,
             flush=True,
         )
@@ -335,6 +392,9 @@ def resolve_precision(
     *,
     allow_emulated: bool = False,
     key: str = "train.precision",
+    bf16_update: str = "kahan",
+    fp8_recipe: str = "tensorwise",
+    fp8_convert_heads: bool = False,
 ) -> PrecisionPlan:
     """Check that ``device`` can run precision ``name`` and return its plan.
 
@@ -346,10 +406,15 @@ def resolve_precision(
         raise HardwareError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
     device = torch.device(device)
     emulated = False
+    if name == "fp8":
+        from bert_mp.core.fp8 import check_torchao
+
+        check_torchao(key)
     if device.type == "cuda":
         major, minor = _cuda_capability(device)
         gpu = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
-        if name in ("tf32", "bf16") and major < 8:
+        emulated = name == "fp8" and (major, minor) < (8, 9)  # float8 tensor cores: Ada / Hopper on
+        if name in ("tf32", "bf16", "bf16_pure") and major < 8:
             raise HardwareError(
                 f"{key}={name} needs an NVIDIA GPU with compute capability >= 8.0 (Ampere or "
                 f"newer); this is {gpu}. Use {key}=fp16 or fp32."
@@ -370,6 +435,9 @@ def resolve_precision(
         init_scale=float(init_scale),
         growth_interval=int(growth_interval),
         emulated=emulated,
+        bf16_update=bf16_update,
+        fp8_recipe=fp8_recipe,
+        fp8_convert_heads=fp8_convert_heads,
     )
 
 

@@ -41,6 +41,7 @@ from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
+from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError, TrainingError
 from bert_mp.finetune.tasks import (
@@ -474,11 +475,13 @@ class FineTuner:
         }
         self.steps_per_epoch = math.ceil(len(self.tokenized["train"]) / ft.batch_size)
         self.total_steps = ft.max_steps or ft.epochs * self.steps_per_epoch
+        model = self.plan.prepare_model(model)  # bf16_pure: bf16 weights; fp8: float8 Linears
         optimizer = build_optimizer(model, ft, acc.device)
         warmup = round(ft.warmup_ratio * self.total_steps)
         self.scheduler = build_scheduler(optimizer, Schedule(warmup, self.total_steps, warmup_from_zero=True))
         self.scaler = install_scaler(acc, self.plan)
         self.model, self.optimizer, self.train_loader = acc.prepare(model, optimizer, train_loader)
+        self.hessian = HessianEstimator.for_optimizer(self.optimizer, ft)  # sophia only
         self.eval_loaders = {s: acc.prepare(dl) for s, dl in eval_loaders.items()}
         self.best = BestValidation(ft.select_best)
         acc.register_for_checkpointing(self.scheduler, self.best)
@@ -529,6 +532,8 @@ class FineTuner:
         ).tolist()
         self.guard.check_loss(total_loss, s, self.save_discarding_gradients)
         acc.backward(loss)
+        if self.hessian is not None and self.hessian.due(s.step):
+            self.estimate_hessian(batch, targets)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm, skipped = optimizer_step(
             acc, self.optimizer, self.model.parameters(), self.ft.max_grad_norm, self.scaler
@@ -619,6 +624,15 @@ class FineTuner:
         final_dir = self.export(inner, final_val, test) if self.ft.save_model else None
         return self.finish("completed", final_val, test, final_dir)
 
+    def estimate_hessian(self, batch: dict, targets: torch.Tensor) -> None:
+        """Sophia's Hutchinson estimate on this batch (see :mod:`bert_mp.core.sophia`)."""
+
+        def loss() -> torch.Tensor:
+            with self.plan.autocast():
+                return F.cross_entropy(self.model(**batch).logits.float(), targets)
+
+        self.hessian.estimate(self.model, loss, self.state.step, self.scaler)
+
     def export(self, inner: Any, final_val: dict | None, test: dict | None) -> Path:
         """final/: save_pretrained + tokenizer + model card, renamed into place when complete."""
         out = Path(self.ft.output_dir)
@@ -626,7 +640,8 @@ class FineTuner:
         if self.accelerator.is_main_process:
 
             def write(tmp: Path) -> None:
-                inner.save_pretrained(tmp, safe_serialization=True)
+                dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.ft.export_dtype]
+                inner.to(dtype).save_pretrained(tmp, safe_serialization=True)  # bf16_pure: fp32 by default
                 self.tokenizer.save_pretrained(tmp)
                 self.task_record().write(tmp)
                 facts = self.card_facts(final_val, test)

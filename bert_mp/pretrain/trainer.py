@@ -53,6 +53,7 @@ from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
 from bert_mp.core.run_guard import announce_resume, check_output_dir, data_change_error
 from bert_mp.core.runlog import RunLog, clean
+from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.step_metrics import DeviceStepMetrics
 from bert_mp.errors import DataError, TrainingError
 from bert_mp.model.bert import (
@@ -60,6 +61,7 @@ from bert_mp.model.bert import (
     build_model,
     check_init_from,
     compile_model,
+    drop_full_attention_mask,
     parameter_counts,
     static_mask_cap,
 )
@@ -160,6 +162,7 @@ class Trainer:
             max_seq_length=int(stats.get("max_seq_length", cfg.data.max_seq_length)),
             pad_token_id=int(self.data.tokenizer.pad_token_id or 0),
         )
+        model = self.plan.prepare_model(model)  # bf16_pure: bf16 weights; fp8: float8 Linears
         self.dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, acc.device)
         if self.dropout_impl == "fast":
             install_fast_dropout(model)
@@ -174,6 +177,7 @@ class Trainer:
         configure_deepspeed(acc, cfg, self.geometry.accumulation)  # explicit batch sizes, fp32 weights
         configure_fsdp(acc)  # fp32 sharded parameters and reductions, autocast for 16-bit math
         self.model, self.optimizer = acc.prepare(wrapped, optimizer)
+        self.hessian = HessianEstimator.for_optimizer(self.optimizer, tc)  # sophia only
         # The scheduler is stepped by hand (only after a real optimizer step, once per global batch),
         # so it is not prepared - only registered for checkpointing.
         acc.register_for_checkpointing(self.scheduler)
@@ -299,6 +303,8 @@ class Trainer:
             stop = totals.stop_flag > 0
         elif self.geometry.world == 1:  # one rank: the signal is known on the host
             stop = s.pending_signal is not None
+        if self.hessian is not None and self.hessian.due(s.step):
+            self.estimate_hessian(micro[0])
         lr = self.scheduler.get_last_lr()[0]
         grad_norm, skipped = optimizer_step(
             self.accelerator, self.optimizer, self.model.parameters(), self.tc.max_grad_norm, self.scaler
@@ -322,6 +328,20 @@ class Trainer:
         if self.checkpointer.due(s.step):
             self.save()
             self.t_prev = time.perf_counter()  # checkpoint time is not step time
+
+    def estimate_hessian(self, batch: dict) -> None:
+        """Sophia's Hutchinson estimate on one micro-batch (see :mod:`bert_mp.core.sophia`)."""
+        device = self.accelerator.device
+        batch = {k: v.to(device) for k, v in drop_full_attention_mask(batch).items()}
+
+        def loss() -> torch.Tensor:
+            with self.plan.autocast():
+                o = self.model(**batch)
+            return o["mlm_loss_sum"] / o["mlm_count"].clamp(min=1) + o["nsp_loss_sum"] / o["nsp_count"].clamp(
+                min=1
+            )
+
+        self.hessian.estimate(self.model, loss, self.state.step, self.scaler)
 
     def stop_for_signal(self) -> None:
         s = self.state
@@ -426,7 +446,8 @@ class Trainer:
             facts = pretraining_facts(
                 self.cfg, self.state.step, self.plan.name, final_eval, self.summary["data"]
             )
-            ckpt.export_pretrained(self.accelerator, self.model, self.data.tokenizer, out, facts)
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.tc.export_dtype]
+            ckpt.export_pretrained(self.accelerator, self.model, self.data.tokenizer, out, facts, dtype)
             self.summary["export"] = str(out)
         return self.finish("completed", clean(final_eval))
 

@@ -96,15 +96,33 @@ def bytes_per_parameter(precision: str) -> dict[str, float]:
     matmuls, so bf16 / fp16 hold as much parameter state as fp32: mixed precision saves
     activation memory (and time), not parameter state.
     """
-    low = precision in ("bf16", "fp16")
+    if precision == "bf16_pure":
+        return bf16_pure_bytes_per_parameter()
+    low = precision in ("bf16", "fp16", "fp8")
     state = {
         "weights": 4.0,
         "gradients": 4.0,
         "optimizer_state": 8.0,  # AdamW exp_avg + exp_avg_sq in fp32
         "fp32_master_copy": 0.0,  # under autocast the fp32 weights *are* the master copy
-        "low_precision_weight_copies": 2.0 if low else 0.0,  # autocast cast cache, freed after the step
+        "low_precision_weight_copies": (1.0 if precision == "fp8" else 2.0)
+        if low
+        else 0.0,  # cast cache, freed after the step
     }
     # persistent state only; the transient copies live in the activation budget of a step
+    state["total"] = sum(v for k, v in state.items() if k != "low_precision_weight_copies")
+    return state
+
+
+def bf16_pure_bytes_per_parameter(kahan: bool = True) -> dict[str, float]:
+    """bf16_pure under AdamW: 2-byte weights, gradients and moments, no fp32 master copy; Kahan
+    summation adds one 2-byte compensation per weight (16 -> 10 bytes: 37.5% less than autocast)."""
+    state = {
+        "weights": 2.0,
+        "gradients": 2.0,
+        "optimizer_state": 4.0 + (2.0 if kahan else 0.0),
+        "fp32_master_copy": 0.0,
+        "low_precision_weight_copies": 0.0,
+    }
     state["total"] = sum(v for k, v in state.items() if k != "low_precision_weight_copies")
     return state
 
@@ -334,6 +352,16 @@ def synthetic_batch(
     return {k: v.to(device) for k, v in out.items()}
 
 
+def _probe_optimizer(model: torch.nn.Module, loop_cfg: Any, device: torch.device) -> Any:
+    if loop_cfg is None:
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    import dataclasses
+
+    from bert_mp.core.optim import build_optimizer
+
+    return build_optimizer(model, dataclasses.replace(loop_cfg, learning_rate=1e-4), device)
+
+
 def _parameter_state_bytes(params: list[torch.Tensor], opt: Any) -> tuple[int, int, int, int]:
     """Parameters, and the bytes of weights, gradients and optimizer state."""
     weights = sum(p.numel() * p.element_size() for p in params)
@@ -369,17 +397,21 @@ def probe_precision(
     batch: dict[str, torch.Tensor],
     plan: Any,
     steps: int = 2,
+    loop_cfg: Any = None,
 ) -> dict[str, Any]:
     """Measure parameter-state and activation bytes and profile the matmul kernels of one precision.
 
     ``model`` returns the loss sums of ``bert_mp.model.bert.PretrainingModel``; ``plan`` is a
     ``PrecisionPlan``. Activation bytes are the unique storages autograd saved for backward in one
-    step (exact on any device). Runs an AdamW step so the optimizer state exists when measured.
+    step (exact on any device). Runs an optimizer step so its state exists when measured: the run's
+    (``loop_cfg``: a ``train`` section), else AdamW. The model is put in the plan's storage first
+    (bf16 weights for bf16_pure, float8 Linears for fp8).
     """
     from bert_mp.core.precision import backend_flags
 
     device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model = plan.prepare_model(model)
+    opt = _probe_optimizer(model, loop_cfg, device)
     scaler = plan.make_scaler() if plan.use_scaler and device.type == "cpu" else None
     if plan.use_scaler and device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")

@@ -36,6 +36,10 @@ VERDICT_CHECKS = (
 )
 """The deviations that decide the verdict, each compared against its own seed spread."""
 VERDICTS = ("pass", "warn", "fail")
+STALL_KEY = "bf16/update_efficiency"
+"""bf16_pure: the share of each optimizer update that reached the bf16 weights (core/lowprec.py)."""
+MIN_UPDATE_EFFICIENCY = 0.5
+"""Below this mean share the run is judged stalled: updates round away in bf16."""
 
 
 @dataclass
@@ -61,7 +65,7 @@ def curves_from_rows(rows: Sequence[dict]) -> Curves:
         kind = row.get("kind")
         if kind not in by_kind or "step" not in row:
             continue
-        keys = TRAIN_KEYS + ("loss/total",) if kind == "train" else EVAL_LOSS_KEYS + EVAL_ACC_KEYS
+        keys = TRAIN_KEYS + ("loss/total", STALL_KEY) if kind == "train" else EVAL_LOSS_KEYS + EVAL_ACC_KEYS
         for key in keys:
             # a null NSP metric means no NSP labels (objective=mlm): no curve, the check is n/a
             if key in row and not (row[key] is None and "nsp" in key):
@@ -244,6 +248,10 @@ def verdict(
     if not mlm.steps:
         hard_fail = True
         reasons.append("no training steps in common with the fp32 reference")
+    stall = stall_reason(run)
+    if stall:
+        hard_fail = True
+        reasons.append(stall)
 
     checks: dict[str, dict[str, Any]] = {}
     worst = "pass"
@@ -258,6 +266,20 @@ def verdict(
         reasons.append(f"no second fp32 seed: tolerances use the floor min_spread={rules.min_spread:g}")
     return Verdict(
         status="fail" if hard_fail else worst, reasons=reasons, checks=checks, comparison=comparison
+    )
+
+
+def stall_reason(run: Curves) -> str | None:
+    """Why a bf16_pure run stalled (its updates rounded away), or None: the mean of
+    ``bf16/update_efficiency`` below :data:`MIN_UPDATE_EFFICIENCY`. A loss curve can hide a stall
+    for a while; the measured share of the update that reached the weights cannot."""
+    eff = [v for _, v in run.series("train", STALL_KEY) if math.isfinite(v)]
+    if not eff or sum(eff) / len(eff) >= MIN_UPDATE_EFFICIENCY:
+        return None
+    mean = sum(eff) / len(eff)
+    return (
+        f"stalled: on average {mean:.0%} of each optimizer update reached the bf16 weights "
+        f"(limit {MIN_UPDATE_EFFICIENCY:.0%}); use train.bf16_update=kahan or stochastic"
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from bert_mp.core.config import SweepConfig
 from bert_mp.core.io import atomic_write_json, atomic_write_text, read_jsonl
-from bert_mp.sweep import diagnostics, fairness, parity
+from bert_mp.sweep import diagnostics, fairness, grid, parity
 from bert_mp.sweep.record import RunEntry, RunSummary, SweepRecord, strict_record
 
 
@@ -846,6 +846,7 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
     rep = Report(root, record, groups, verdict_rules(record))
     analyses = [rep.analyse(g) for g in groups]
     sections = overview_section(rep)
+    sections += grid.grid_section(analyses, Table, _bytes)  # precision x optimizer (sweep.optimizers)
     for ga in analyses:
         for section in GROUP_SECTIONS:
             sections += section(rep, ga)
@@ -861,6 +862,7 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
         "versions": rep.versions,
         "rules": rep.rules.__dict__,
         "groups": [group_summary(rep, ga) for ga in analyses],
+        "grid": grid.grid_summary(analyses),
         "runs": [
             {
                 **asdict(r.entry),

@@ -106,6 +106,8 @@ _AXES = (
     ("seq_lengths", "data.max_seq_length", "seq", lambda c: c.data.max_seq_length),
     ("micro_batch_sizes", "train.micro_batch_size", "mb", lambda c: c.train.micro_batch_size),
     ("seeds", "train.seed", "s", lambda c: c.train.seed),
+    # each optimizer is its own group, so its reduced-precision runs are judged against its own fp32
+    ("optimizers", "train.optimizer", "", lambda c: c.train.optimizer),
 )
 
 
@@ -413,8 +415,18 @@ class Sweep:
                     seed=cfg.train.seed,
                     max_predictions=cfg.data.max_predictions(),
                 )
-                plan = resolve_precision(r.precision, device, allow_emulated=cfg.hardware.allow_emulated)
-                result = probe_precision(model, batch, plan, steps=self.cfg.sweep.profile_steps)
+                run_cfg = configs[(g.name, r.name)][0]
+                plan = resolve_precision(
+                    r.precision,
+                    device,
+                    allow_emulated=cfg.hardware.allow_emulated,
+                    bf16_update=run_cfg.train.bf16_update,
+                    fp8_recipe=run_cfg.train.fp8_recipe,
+                    fp8_convert_heads=run_cfg.train.fp8_convert_heads,
+                )
+                result = probe_precision(
+                    model, batch, plan, steps=self.cfg.sweep.profile_steps, loop_cfg=run_cfg.train
+                )
                 result["batch"] = {"micro_batch_size": mb, "seq_length": seq, "synthetic": True}
                 atomic_write_json(out, result)
                 del model, batch

@@ -34,7 +34,7 @@ def test_overrides_apply_and_are_typed(tmp_path):
         ("data.max_seq_length=abc", "data.max_seq_length"),
         ("data.max_seq_length=4", "data.max_seq_length"),
         ("data.max_seq_length=1024", "data.max_seq_length"),
-        ("train.precision=fp8", "train.precision"),
+        ("train.precision=fp4", "train.precision"),
         ("train.global_batch_size=33", "train.global_batch_size"),
         ("data.mlm_probability=1.5", "data.mlm_probability"),
         ("model.preset=huge", "model.preset"),

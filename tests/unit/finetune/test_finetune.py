@@ -282,3 +282,17 @@ def test_sigterm_then_resume_is_bit_identical(tmp_path, ckpt):
     a = _safetensors(tmp_path / "ref" / "out" / "final" / "model.safetensors")
     b = _safetensors(tmp_path / "run" / "out" / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "precision, optimizer", [("bf16_pure", "lamb"), ("fp8", "sophia"), ("fp32", "stable_adamw")]
+)
+def test_finetune_takes_the_new_precisions_and_optimizers(tmp_path, ckpt, precision, optimizer):
+    """The same shared plan and optimizer builder as pretraining; final/ holds fp32 weights."""
+    overrides = _overrides(ckpt, tmp_path, precision=precision, optimizer=optimizer, max_steps=3)
+    cfg = load_config(None, [*overrides, "hardware.allow_emulated=true", "finetune.sophia_update_period=2"])
+    s = run_finetune(cfg)
+    assert s["precision"]["name"] == precision and s["steps"] == 3
+    assert math.isfinite(s["validation"]["loss"])
+    with safe_open(str(tmp_path / "out" / "final" / "model.safetensors"), "pt") as f:
+        assert all(f.get_tensor(k).dtype == torch.float32 for k in f.keys())  # noqa: SIM118

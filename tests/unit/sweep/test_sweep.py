@@ -51,7 +51,7 @@ def test_cli_can_replace_the_base(files, tmp_path):
     [
         ("sweep:\n  base: base.yaml\n  precisons: [fp32]\n", "precisons"),
         ("sweep:\n  base: base.yaml\ntrain:\n  max_step: 3\n", "max_step"),
-        ("sweep:\n  base: base.yaml\n  precisions: [fp32, fp8]\n", "sweep.precisions"),
+        ("sweep:\n  base: base.yaml\n  precisions: [fp32, fp4]\n", "sweep.precisions"),
         ("sweep:\n  base: base.yaml\n  precisions: [bf16, fp16]\n", "must include fp32"),
         ("sweep:\n  base: missing.yaml\n", "sweep.base"),
         ("sweep:\n  base: base.yaml\n  warn_multiplier: 3\n  fail_multiplier: 2\n", "sweep.fail_multiplier"),
@@ -94,6 +94,22 @@ def test_plan_axes_make_groups(files):
     assert groups[1].runs[1].dir == "runs/seq64-mb16/fp32-seed99"
 
 
+def test_each_optimizer_is_a_group_with_its_own_fp32_reference(files):
+    cfg, _ = load_sweep_config(
+        files[1], ["sweep.optimizers=[adamw,lamb]", "sweep.precisions=[fp32,bf16_pure,fp8]"]
+    )
+    groups = plan_sweep(cfg)
+    assert [g.name for g in groups] == ["adamw", "lamb"]
+    assert groups[1].overrides == ["train.optimizer=lamb"]
+    assert [(r.name, r.role) for r in groups[1].runs] == [
+        ("fp32", "reference"),
+        ("fp32-seed43", "seed_spread"),
+        ("bf16_pure", "candidate"),
+        ("fp8", "candidate"),
+    ]
+    assert groups[1].runs[2].dir == "runs/lamb/bf16_pure"
+
+
 def test_reference_seed_must_differ(files):
     cfg, _ = load_sweep_config(files[1], ["train.seed=5", "sweep.reference_seed=5"])
     with pytest.raises(ConfigError, match="reference_seed"):
@@ -125,7 +141,9 @@ def test_resume_decisions(tmp_path):
         assert run_action(run) == action, status
 
 
-@pytest.mark.parametrize("name", ["quickstart_sweep.yaml", "sweep_cpu.yaml", "sweep_gpu_base.yaml"])
+@pytest.mark.parametrize(
+    "name", ["quickstart_sweep.yaml", "sweep_cpu.yaml", "sweep_gpu_base.yaml", "sweep_frontier_cpu.yaml"]
+)
 def test_shipped_sweep_recipes_load(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg, base = load_sweep_config(ROOT / "configs" / name, [])
