@@ -392,6 +392,34 @@ def _profile(step: Any, device: torch.device, steps: int) -> tuple[Any, list[str
     return prof, verbose
 
 
+def _probe_scaler(plan: Any, device: torch.device) -> Any:
+    """The loss scaler the probe's step uses: the plan's on CPU, CUDA's own GradScaler on CUDA."""
+    if not plan.use_scaler:
+        return None
+    return torch.amp.GradScaler("cuda") if device.type == "cuda" else plan.make_scaler()
+
+
+def _state_bytes_fields(
+    precision: str, n_params: int, weights: int, grads: int, optim: int, activations: int
+) -> dict[str, Any]:
+    """The probe's measured state bytes, per parameter too, beside the theory for ``precision``."""
+    return {
+        "parameters": n_params,
+        "measured_bytes": {
+            "weights": weights,
+            "gradients": grads,
+            "optimizer_state": optim,
+            "activations_saved_for_backward": activations,
+        },
+        "measured_bytes_per_parameter": {
+            "weights": weights / n_params,
+            "gradients": grads / n_params,
+            "optimizer_state": optim / n_params,
+        },
+        "theory_bytes_per_parameter": bytes_per_parameter(precision),
+    }
+
+
 def probe_precision(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
@@ -412,9 +440,7 @@ def probe_precision(
     device = next(model.parameters()).device
     model = plan.prepare_model(model)
     opt = _probe_optimizer(model, loop_cfg, device)
-    scaler = plan.make_scaler() if plan.use_scaler and device.type == "cpu" else None
-    if plan.use_scaler and device.type == "cuda":
-        scaler = torch.amp.GradScaler("cuda")
+    scaler = _probe_scaler(plan, device)
 
     def step(saved: list[torch.Tensor] | None = None) -> None:
         ctx = _saved_tensors(saved) if saved is not None else contextlib.nullcontext()
@@ -450,19 +476,7 @@ def probe_precision(
     return {
         "precision": plan.name,
         "device": str(device),
-        "parameters": n_params,
-        "measured_bytes": {
-            "weights": weights,
-            "gradients": grads,
-            "optimizer_state": optim,
-            "activations_saved_for_backward": activations,
-        },
-        "measured_bytes_per_parameter": {
-            "weights": weights / n_params,
-            "gradients": grads / n_params,
-            "optimizer_state": optim / n_params,
-        },
-        "theory_bytes_per_parameter": bytes_per_parameter(plan.name),
+        **_state_bytes_fields(plan.name, n_params, weights, grads, optim, activations),
         "matmul_ops": ops[:15],
         "cuda_kernels": cuda_kernels[:25],
         "onednn_matmuls": onednn,
