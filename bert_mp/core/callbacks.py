@@ -185,7 +185,8 @@ def step_flops(facts: StepFacts, ctx: TrainContext) -> float:
     # QK^T and AV: 2 x 2 x seq x hidden per token per layer forward, x3 for backward
     attention = 12 * ctx.num_layers * h * facts.attention_flops_tokens
     sparse = getattr(ctx.cfg.model, "sparse_mlm_head", True)
-    mlm_rows = facts.mlm_count if sparse else facts.padded_tokens
+    dense_rows = facts.tokens if getattr(ctx.cfg.model, "unpad", False) else facts.padded_tokens
+    mlm_rows = facts.mlm_count if sparse else dense_rows
     mlm = 6 * (pc["mlm_transform_matmul"] + pc["mlm_decoder_matmul"]) * mlm_rows
     nsp = 6 * (pc["pooler_matmul"] + pc["nsp_matmul"]) * facts.sequences
     return float(encoder + attention + mlm + nsp)

@@ -275,6 +275,10 @@ class ModelConfig:
     padded blocks skipped). Unavailable ones are refused before training starts."""
     sparse_mlm_head: bool = True
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
+    unpad: bool = False
+    """Run the encoder on real tokens only: rows flattened to one token stream, attention within each
+    sequence (padding never enters a matmul). Same parameters, checkpoints and export; faster the more
+    padding the data has (docs/training.md). Needs attn_implementation sdpa or eager."""
     dropout_impl: str = "auto"
     """Dropout masks: fast (one 64-bit draw per 4 elements, p rounded to 1/32768; see
     bert_mp/model/dropout.py; CPU only) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
@@ -287,6 +291,13 @@ class ModelConfig:
             ("sdpa", "eager", "flash_attention_2", "flex_attention"),
         )
         _choice(self.dropout_impl, "model.dropout_impl", ("auto", "torch", "fast"))
+        if self.unpad:
+            _check(
+                self.attn_implementation in ("sdpa", "eager"),
+                "model.unpad",
+                "the unpadded encoder runs attention through sdpa or eager; set model.attn_implementation=sdpa",
+                self.attn_implementation,
+            )
         for name in (
             "hidden_size",
             "num_hidden_layers",

@@ -158,7 +158,10 @@ class Trainer:
             install_fast_dropout(model)
         self.inner, self.counts = model, parameter_counts(model)
         wrapped = PretrainingModel(
-            model, cfg.model.sparse_mlm_head, max_predictions_per_seq=static_mask_cap(cfg.data, acc.device)
+            model,
+            cfg.model.sparse_mlm_head,
+            max_predictions_per_seq=static_mask_cap(cfg.data, acc.device),
+            unpad=cfg.model.unpad,
         )
         wrapped = compile_model(wrapped, tc.compile)
         optimizer = build_optimizer(wrapped, tc, acc.device)
