@@ -135,6 +135,10 @@ class DataConfig:
     needs (20 at 128, 77 at 512); a smaller cap masks less than ``mlm_probability`` and warns."""
     whole_word_masking: bool = False
     """Mask whole words (a token and its ## continuations) together."""
+    pack_pairs: bool = False
+    """Put several examples into one row of ``max_seq_length`` at load time (first fit, per micro-batch):
+    each attends only within itself, with its own position ids and NSP at its own [CLS]. Needs
+    model.unpad=true; the prepared data is the same (not part of the cache key). See docs/training.md."""
 
     seed: int = 12345
     """Seed for every random choice in data preparation and masking."""
@@ -231,7 +235,7 @@ class DataConfig:
     def cache_key(self) -> str:
         """Hash of every setting that changes the prepared bytes (not num_proc, not cache_dir)."""
         d = asdict(self)
-        for k in ("num_proc", "cache_dir"):
+        for k in ("num_proc", "cache_dir", "pack_pairs"):
             d.pop(k)
         # a derived cap and the same cap set explicitly give the same bytes; defaults of the new
         # keys leave the key of an existing config unchanged
@@ -692,6 +696,13 @@ class Config:
     def validate(self) -> None:
         for f in fields(self):
             getattr(self, f.name).validate()
+        if self.data.pack_pairs:
+            _check(
+                self.model.unpad,
+                "data.pack_pairs",
+                "packed rows need the unpadded encoder to keep examples apart; add model.unpad=true",
+                self.data.pack_pairs,
+            )
         if self.model.attn_implementation == "flash_attention_2":
             _check(
                 self.train.precision in ("bf16", "fp16"),
