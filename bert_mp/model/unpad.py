@@ -109,23 +109,58 @@ def unpad_index(
     return Unpadded(indices, lengths, cu, position_ids, block_index, key_mask, block, fillers)
 
 
+@torch.compiler.disable  # host-side bookkeeping: shapes depend on the data; compiled code sees its results
+def unpad_stream(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    labels: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    segment_ids: torch.Tensor | None = None,
+    bucket: Any = None,
+    pad_token_id: int = 0,
+) -> tuple[Unpadded, dict[str, torch.Tensor]]:
+    """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
+
+    ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
+    then padded with filler tokens (label -100) and the attention block rounded up to a multiple of 64,
+    so that everything after this function has one of a few shapes.
+    """
+    if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
+        attention_mask = torch.ones_like(input_ids)
+    stream_len = block_len = None
+    if bucket is not None:
+        rows, length = input_ids.shape
+        stream_len = bucket(int(attention_mask.sum()), rows * length)
+        block_len = -(-length // 64) * 64
+    u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
+    fill = u.fillers
+
+    def take(x: torch.Tensor, filler: int) -> torch.Tensor:
+        x = x.reshape(-1).index_select(0, u.indices)
+        return torch.cat([x, x.new_full((fill,), filler)]) if fill else x
+
+    stream = {
+        "input_ids": take(input_ids, pad_token_id),
+        "token_type_ids": take(token_type_ids, 0),
+        "labels": take(labels, -100),
+        "position_ids": torch.cat([u.position_ids, u.position_ids.new_zeros(fill)])
+        if fill
+        else u.position_ids,
+    }
+    return u, stream
+
+
 def encode_unpadded(
-    bert: nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor, u: Unpadded, pad_token_id: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``bert`` (a ``BertModel``) on the real tokens: ``(T, hidden)`` states and ``(sequences, hidden)``
-    pooler outputs read at each sequence's ``[CLS]``."""
-    ids = input_ids.reshape(-1).index_select(0, u.indices)
-    types = token_type_ids.reshape(-1).index_select(0, u.indices)
-    positions = u.position_ids
-    if u.fillers:
-        ids = torch.cat([ids, ids.new_full((u.fillers,), pad_token_id)])
-        types = torch.cat([types, types.new_zeros(u.fillers)])
-        positions = torch.cat([positions, positions.new_zeros(u.fillers)])
+    bert: nn.Module, stream: dict[str, torch.Tensor], u: Unpadded
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run ``bert`` (a ``BertModel``) on a token stream: ``(stream length, hidden)`` states and the
+    ``(sequences, hidden)`` pooler outputs read at each sequence's ``[CLS]``."""
     hidden = bert.embeddings(
-        input_ids=ids.unsqueeze(0), token_type_ids=types.unsqueeze(0), position_ids=positions.unsqueeze(0)
+        input_ids=stream["input_ids"].unsqueeze(0),
+        token_type_ids=stream["token_type_ids"].unsqueeze(0),
+        position_ids=stream["position_ids"].unsqueeze(0),
     )
     hidden = bert.encoder(hidden, attention_mask=None, bert_mp_unpadded=u).last_hidden_state[0]
-    hidden = hidden[: u.indices.numel()]
     pooled = None
     if bert.pooler is not None:
         pooled = bert.pooler(hidden.index_select(0, u.cls_index).unsqueeze(1))
@@ -137,7 +172,9 @@ def _to_block(x: torch.Tensor, u: Unpadded) -> torch.Tensor:
     stream = x[0].transpose(0, 1)
     heads, dim = stream.shape[1], stream.shape[2]
     n = u.num_sequences * u.block_len
-    buf = stream.new_zeros(n + u.fillers, heads, dim).index_copy(0, u.block_index, stream)
+    # room for every stream token past the block (fillers use some): sized by the stream's static
+    # length, not the filler count, so a compiled graph does not depend on how many fillers there are
+    buf = stream.new_zeros(n + stream.shape[0], heads, dim).index_copy(0, u.block_index, stream)
     return buf[:n].view(u.num_sequences, u.block_len, heads, dim).transpose(1, 2)
 
 
@@ -179,7 +216,7 @@ def _varlen_attention(base: str):
         )
         # out: (sequences, block_len, heads, d) -> the stream order (fillers read scratch zeros)
         heads, dim = out.shape[2], out.shape[3]
-        flat = torch.cat([out.reshape(-1, heads, dim), out.new_zeros(u.fillers, heads, dim)])
+        flat = torch.cat([out.reshape(-1, heads, dim), out.new_zeros(query.shape[2], heads, dim)])
         return flat.index_select(0, u.block_index).unsqueeze(0), None
 
     return attention
@@ -218,17 +255,34 @@ def run_unpadded(
     attention_mask: torch.Tensor | None,
     segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``PretrainingModel``'s encoder call on the unpadded path: ``(T, hidden)`` states, the pooled
-    ``[CLS]`` of every sequence and the ``(T,)`` labels of the stream, for the loss code that follows."""
-    if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
-        attention_mask = torch.ones_like(input_ids)
-    stream_len = block_len = None
-    bucket = getattr(wrapper, "stream_bucket", None)
-    if bucket is not None:
-        rows, length = input_ids.shape
-        stream_len = bucket(int(attention_mask.sum()), rows * length)
-        block_len = -(-length // 64) * 64
-    u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
+    """``PretrainingModel``'s encoder call on the unpadded path: the stream's ``(S, hidden)`` states
+    (real tokens first, then any fillers), the pooled ``[CLS]`` of every sequence and the ``(S,)``
+    labels (-100 on fillers), for the loss code that follows."""
     bert = wrapper.model.bert
-    hidden, pooled = encode_unpadded(bert, input_ids, token_type_ids, u, int(bert.config.pad_token_id or 0))
-    return hidden, pooled, labels.reshape(-1).index_select(0, u.indices)
+    u, stream = unpad_stream(
+        input_ids,
+        token_type_ids,
+        labels,
+        attention_mask,
+        segment_ids,
+        bucket=getattr(wrapper, "stream_bucket", None),
+        pad_token_id=int(bert.config.pad_token_id or 0),
+    )
+    hidden, pooled = encode_unpadded(bert, stream, u)
+    return hidden, pooled, stream["labels"]
+
+
+def prepare_for_compile(wrapper: nn.Module, data_cfg: Any) -> None:
+    """Before ``torch.compile`` of an unpadded ``PretrainingModel``: bucket the stream length and gather
+    the masked rows into a fixed buffer, so a run compiles a bounded number of graphs (see
+    :func:`token_bucket`). Whole-word masking keeps the dynamic gather (it can exceed the cap)."""
+    wrapper.stream_bucket = token_bucket
+    if not data_cfg.whole_word_masking and not wrapper.max_predictions_per_seq:
+        wrapper.max_predictions_per_seq = data_cfg.max_predictions()
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far (every recompile adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -65,6 +65,7 @@ def _per_example(
         )
         row_of = torch.arange(LENGTH * len(pooled)).div(LENGTH, rounding_mode="floor")
         row_of = row_of[batch["attention_mask"].reshape(-1) == 1]
+        seq, flat_labels = seq[: len(row_of)], flat_labels[: len(row_of)]  # fillers (bucketed) last
     else:
         out = bert(
             batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
@@ -165,3 +166,33 @@ def test_token_bucket_bounds_the_shapes():
     sizes = {token_bucket(t, capacity) for t in range(1, capacity + 1)}
     assert len(sizes) <= 8 and max(sizes) == capacity
     assert all(token_bucket(t, capacity) >= t for t in range(1, capacity + 1, 37))
+
+
+def test_compiled_unpadded_model_compiles_a_bounded_number_of_graphs():
+    """torch.compile with the ``eager`` backend (dynamo's graph capture and guards, which decide the
+    recompiles, without inductor's slow CPU codegen): twelve batches of random row lengths compile the
+    graphs of two stream buckets only, and give the uncompiled model's sums."""
+    import random
+
+    import torch._dynamo
+
+    from bert_mp.core.config import DataConfig
+    from bert_mp.model.unpad import compiled_graphs, prepare_for_compile
+
+    torch._dynamo.reset()
+    reference = PretrainingModel(_model(), unpad=True)
+    model = PretrainingModel(copy.deepcopy(reference.model), unpad=True)
+    prepare_for_compile(model, DataConfig(max_seq_length=LENGTH, max_predictions_per_seq=8))
+    prepare_for_compile(reference, DataConfig(max_seq_length=LENGTH, max_predictions_per_seq=8))
+    model.compile(backend="eager", dynamic=False)
+    before = compiled_graphs()
+    rng = random.Random(0)
+    for i in range(12):
+        batch = _batch([rng.randint(6, LENGTH) for _ in range(4)], seed=i)
+        got, want = model(**batch), reference(**batch)
+        (got["mlm_loss_sum"] + got["nsp_loss_sum"]).backward()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5)
+    # capacity 4 x 32 = 128 tokens: buckets of 64 and 128, each one forward graph after the host-side
+    # unpadding and one for the loss after it
+    assert compiled_graphs() - before <= 4
