@@ -50,6 +50,9 @@ class Unpadded:
     """(T + fillers,) slot of each stream token in the ``(sequences * block_len + fillers)`` attention buffer."""
     key_mask: torch.Tensor
     """(sequences, 1, 1, block_len) True where a key is a real token of that sequence."""
+    gather_index: torch.Tensor
+    """(T + fillers,) where each stream token reads its attention output: its block slot (fillers: slot 0,
+    their outputs never reach a loss)."""
     block_len: int
     fillers: int = 0
 
@@ -106,7 +109,8 @@ def unpad_index(
         [seq_of * block + position_ids, n_seq * block + torch.arange(fillers, device=device)]
     )
     key_mask = (torch.arange(block, device=device)[None, :] < lengths[:, None]).view(n_seq, 1, 1, block)
-    return Unpadded(indices, lengths, cu, position_ids, block_index, key_mask, block, fillers)
+    gather_index = torch.cat([seq_of * block + position_ids, position_ids.new_zeros(fillers)])
+    return Unpadded(indices, lengths, cu, position_ids, block_index, key_mask, gather_index, block, fillers)
 
 
 @torch.compiler.disable  # host-side bookkeeping: shapes depend on the data; compiled code sees its results
@@ -167,15 +171,20 @@ def encode_unpadded(
     return hidden, pooled
 
 
-def _to_block(x: torch.Tensor, u: Unpadded) -> torch.Tensor:
-    """(1, heads, T', d) stream -> (sequences, heads, block_len, d), zeros where no token sits."""
-    stream = x[0].transpose(0, 1)
-    heads, dim = stream.shape[1], stream.shape[2]
+def _to_blocks(u: Unpadded, *xs: torch.Tensor) -> list[torch.Tensor]:
+    """(1, heads, S, d) streams -> (sequences, heads, block_len, d) each, zeros where no token sits.
+
+    One zero-filled buffer and one scatter for all of them. The buffer has room for every stream token
+    past the block (fillers land there): sized by the stream's static length, not the filler count,
+    so a compiled graph does not depend on how many fillers there are.
+    """
+    stream = torch.stack([x[0].transpose(0, 1) for x in xs])  # (k, S, heads, d)
+    k, length, heads, dim = stream.shape
     n = u.num_sequences * u.block_len
-    # room for every stream token past the block (fillers use some): sized by the stream's static
-    # length, not the filler count, so a compiled graph does not depend on how many fillers there are
-    buf = stream.new_zeros(n + stream.shape[0], heads, dim).index_copy(0, u.block_index, stream)
-    return buf[:n].view(u.num_sequences, u.block_len, heads, dim).transpose(1, 2)
+    buf = stream.new_zeros(k, n + length, heads, dim)
+    buf.index_copy_(1, u.block_index, stream)
+    block = buf[:, :n].view(k, u.num_sequences, u.block_len, heads, dim).transpose(2, 3)
+    return list(block.unbind(0))
 
 
 def _varlen_attention(base: str):
@@ -204,20 +213,11 @@ def _varlen_attention(base: str):
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
                 ~mask, torch.finfo(query.dtype).min
             )
-        out, _ = fn(
-            module,
-            _to_block(query, u),
-            _to_block(key, u),
-            _to_block(value, u),
-            mask,
-            scaling=scaling,
-            dropout=dropout,
-            **kwargs,
-        )
-        # out: (sequences, block_len, heads, d) -> the stream order (fillers read scratch zeros)
-        heads, dim = out.shape[2], out.shape[3]
-        flat = torch.cat([out.reshape(-1, heads, dim), out.new_zeros(query.shape[2], heads, dim)])
-        return flat.index_select(0, u.block_index).unsqueeze(0), None
+        q, k, v = _to_blocks(u, query, key, value)
+        out, _ = fn(module, q, k, v, mask, scaling=scaling, dropout=dropout, **kwargs)
+        # out: (sequences, block_len, heads, d) -> the stream order; fillers read slot 0 (their
+        # outputs never reach a loss)
+        return out.reshape(-1, out.shape[2], out.shape[3]).index_select(0, u.gather_index).unsqueeze(0), None
 
     return attention
 
