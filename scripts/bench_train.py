@@ -270,7 +270,7 @@ def bench_paths(args) -> None:
             n = len(data.dataset["train"])
             order = epoch_order(n, 42, 0)
             rounds = []
-            for r in range(args.repeat):
+            for r in range(0 if args.interleaved_only else args.repeat):
                 res: dict = {}
                 runs = ["baseline", *names]
                 for name in runs if r % 2 == 0 else runs[::-1]:
@@ -302,20 +302,24 @@ def bench_paths(args) -> None:
                     ),
                     flush=True,
                 )
-            summary = {
-                k: {
-                    "tokens_per_sec_median": statistics.median(rd[k]["tokens_per_sec"] for rd in rounds),
-                    "ratio_vs_padded_median": statistics.median(
-                        rd[k].get("ratio_vs_padded", float("nan")) for rd in rounds
-                    ),
-                    "ratio_vs_baseline_median": statistics.median(
-                        rd[k]["ratio_vs_baseline"] for rd in rounds
-                    ),
-                    "mfu_median": rounds[0][k].get("mfu"),
-                    "compiled_graphs": rounds[0][k].get("compiled_graphs"),
+            summary = (
+                {}
+                if not rounds
+                else {
+                    k: {
+                        "tokens_per_sec_median": statistics.median(rd[k]["tokens_per_sec"] for rd in rounds),
+                        "ratio_vs_padded_median": statistics.median(
+                            rd[k].get("ratio_vs_padded", float("nan")) for rd in rounds
+                        ),
+                        "ratio_vs_baseline_median": statistics.median(
+                            rd[k]["ratio_vs_baseline"] for rd in rounds
+                        ),
+                        "mfu_median": rounds[0][k].get("mfu"),
+                        "compiled_graphs": rounds[0][k].get("compiled_graphs"),
+                    }
+                    for k in rounds[0]
                 }
-                for k in rounds[0]
-            }
+            )
             if args.interleaved_steps:
                 inter = SimpleNamespace(**{**vars(args), "steps": args.interleaved_steps})
                 eager = [n for n in names if PATHS[n][2] == "none"]
@@ -471,12 +475,18 @@ def main() -> None:
     )
     p.add_argument("--corpus-bytes", type=int, default=400_000, help="with --paths: size of the short corpus")
     p.add_argument(
+        "--interleaved-only", action="store_true", help="with --paths: skip the training-loop runs"
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
         "--interleaved-steps",
         type=int,
         default=0,
         help="with --paths: also time this many model steps per path taking turns (wall and CPU seconds)",
     )
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.paths:
         import sys
 
