@@ -79,10 +79,10 @@ def _padded_batch(rows: list[dict], length: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow  # three fresh training processes of a tiny model
-def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path):
-    proc = run_cli(
-        "train", str(ROOT / "configs" / "quickstart.yaml"), *_overrides(tmp_path, "straight"), cwd=tmp_path
-    )
+@pytest.mark.parametrize("extra", [[], ["data.pack_pairs=true"]], ids=["unpad", "unpad+pack"])
+def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
+    overrides = [*_overrides(tmp_path, "straight"), *extra]
+    proc = run_cli("train", str(ROOT / "configs" / "quickstart.yaml"), *overrides, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     straight = tmp_path / "straight"
     summary = json.loads((straight / "summary.json").read_text())
@@ -90,7 +90,7 @@ def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path):
 
     # the same resolved config in fresh processes: stop (and save) after step 4, resume to 6
     cfg = load_config(straight / "config.yaml")
-    assert cfg.model.unpad
+    assert cfg.model.unpad and cfg.data.pack_pairs == bool(extra)
     cfg.train.output_dir = str(tmp_path / "parts")
     cfg_path = tmp_path / "parts.yaml"
     save_config(cfg, cfg_path)
