@@ -13,6 +13,14 @@ with its defaults (on CPU that includes ``model.dropout_impl=auto`` -> fast drop
 table and writes JSON.
 
     python scripts/bench_train.py --preset mini --seq 128 --micro-batch 32 --steps 8 --warmup 3
+
+``--paths padded,unpad,unpad+pack,unpad+compile`` compares encoder paths instead (``model.unpad``,
+``data.pack_pairs``, ``train.compile=model``) in the first of ``--precisions``, on prepared corpora
+(``--corpus builtin,short``: the built-in documents, or many ~50-token documents generated as in
+scripts/bench_prepare.py), each round with the plain HF loop; ratios are taken within a round:
+
+    python scripts/bench_train.py --paths padded,unpad,unpad+pack --preset mini --steps 4 --warmup 1 \
+        --repeat 1 --precisions fp32 --corpus builtin,short --out docs/benchmarks/train_unpad_cpu.json
 """
 
 from __future__ import annotations
@@ -88,7 +96,9 @@ def baseline_setup(data, args, order: np.ndarray, device: torch.device):
     from bert_mp.data.masking import PretrainingCollator
     from bert_mp.model.bert import bert_config
 
-    collator = PretrainingCollator(data.tokenizer, DataConfig(max_seq_length=args.seq), seed=42)
+    collator = PretrainingCollator(
+        data.tokenizer, getattr(args, "data_cfg", None) or DataConfig(max_seq_length=args.seq), seed=42
+    )
     ds, mb = data.dataset["train"], args.micro_batch
     batches = []
     for s in range(args.warmup + args.steps):
@@ -134,17 +144,26 @@ def bench_baseline(data, args, order: np.ndarray, device: torch.device, precisio
     }
 
 
-def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
-    """``bert_mp.pretrain.trainer.train`` with the same model and batch; throughput from its own metrics.jsonl."""
+def bench_bert_mp(
+    data, args, precision: str, out: Path, data_cfg=None, unpad: bool = False, compile_mode: str | None = None
+) -> dict:
+    """``bert_mp.pretrain.trainer.train`` with the same model and batch; throughput from its own metrics.jsonl.
+
+    ``data_cfg``: the prepared data's own section (default: synthetic rows of ``--seq``); ``unpad``:
+    ``model.unpad``; ``compile_mode``: ``train.compile`` (default ``--compile``).
+    """
     from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
     from bert_mp.core.io import read_jsonl
     from bert_mp.pretrain.trainer import train
 
     _reset_accelerate()
     cfg = Config(
-        data=DataConfig(max_seq_length=args.seq),
+        data=data_cfg or DataConfig(max_seq_length=args.seq),
         model=ModelConfig(
-            preset=args.preset, dropout_impl=args.dropout_impl, attn_implementation=args.attn_implementation
+            preset=args.preset,
+            dropout_impl=args.dropout_impl,
+            attn_implementation=args.attn_implementation,
+            unpad=unpad,
         ),
         train=TrainConfig(
             output_dir=str(out),
@@ -156,7 +175,7 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
             eval_max_batches=1,
             progress_bar=False,
             export=False,
-            compile=args.compile,
+            compile=compile_mode or args.compile,
             # on CUDA the host reads the step metrics every log_every steps and each step of a window
             # gets the window's mean time: one window for the warm-up steps, the rest after it
             log_every=max(1, args.warmup),
@@ -177,7 +196,8 @@ def bench_bert_mp(data, args, precision: str, out: Path) -> dict:
         "data_wait_fraction": float(np.mean([r["data/wait_fraction"] for r in rows])),
         "peak_memory_bytes": summary.get("memory", {}).get("peak_bytes"),
         "peak_reserved_bytes": summary.get("memory", {}).get("peak_reserved_bytes"),
-        "compile": args.compile,
+        "compile": compile_mode or args.compile,
+        "compiled_graphs": (summary.get("compile") or {}).get("graphs"),
         "precision_in_effect": summary["precision"],
     }
 
@@ -193,6 +213,244 @@ def write_progress(out: str, device: torch.device, rounds: list[dict], res: dict
     tmp = Path(out).with_suffix(".partial")
     tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
     tmp.replace(out)
+
+
+PATHS = {
+    # name: (model.unpad, data.pack_pairs, train.compile)
+    "padded": (False, False, "none"),
+    "unpad": (True, False, "none"),
+    "unpad+pack": (True, True, "none"),
+    "unpad+compile": (True, False, "model"),
+}
+
+
+def corpus_data(corpus: str, args, work: Path):
+    """``bert-mp prepare`` of a corpus shape (built-in documents, or many ~50-token documents as in
+    scripts/bench_prepare.py): the prepared data and its data section."""
+    import importlib.util
+    from dataclasses import replace
+
+    from bert_mp.core.config import Config, DataConfig
+    from bert_mp.data.prepare import load_prepared, prepare
+
+    data_cfg = DataConfig(source="builtin", max_seq_length=args.seq, cache_dir=str(work / "data"))
+    if corpus == "short":
+        spec = importlib.util.spec_from_file_location(
+            "bench_prepare", Path(__file__).with_name("bench_prepare.py")
+        )
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        files = mod.write_corpus(work / "short", args.corpus_bytes, "short")
+        data_cfg = replace(data_cfg, source="text", paths=[str(f) for f in files])
+    elif corpus != "builtin":
+        raise SystemExit(f"--corpus {corpus}: choose builtin or short")
+    return load_prepared(prepare(Config(data=data_cfg))), data_cfg
+
+
+def bench_paths(args) -> None:
+    """Padded vs unpadded (vs packed, vs compiled) bert_mp and the plain HF loop, per corpus, in one run."""
+    from bert_mp.core.precision import device_name, library_versions
+    from bert_mp.pretrain.batches import epoch_order
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    names = args.paths.split(",")
+    report: dict = {
+        "command": "python scripts/bench_train.py " + " ".join(args.argv),
+        "device": device_name(device),
+        "cpu_model": _cpu_model(),
+        "cpu_threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "load_average_before": os.getloadavg(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "versions": library_versions(),
+        "setup": {
+            "preset": args.preset,
+            "seq": args.seq,
+            "micro_batch": args.micro_batch,
+            "timed_steps": args.steps,
+            "warmup_steps": args.warmup,
+            "precision": args.precisions.split(",")[0],
+        },
+        "note": "tokens/s count real (non-padding) tokens; ratios are within one round of this run "
+        "(a shared, loaded machine: absolute figures are not comparable across runs)",
+        "corpora": {},
+    }
+    precision = args.precisions.split(",")[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for corpus in args.corpus.split(","):
+            data, data_cfg = corpus_data(corpus, args, Path(tmp))
+            args.data_cfg, args.vocab = data_cfg, int(data.stats["model_vocab_size"])
+            n = len(data.dataset["train"])
+            order = epoch_order(n, 42, 0)
+            rounds = []
+            for r in range(0 if args.interleaved_only else args.repeat):
+                res: dict = {}
+                runs = ["baseline", *names]
+                for name in runs if r % 2 == 0 else runs[::-1]:
+                    if name == "baseline":
+                        res["baseline_hf_fp32"] = bench_baseline(data, args, order, device, "fp32")
+                        continue
+                    unpad, pack, comp = PATHS[name]
+                    from dataclasses import replace
+
+                    res[name] = bench_bert_mp(
+                        data,
+                        args,
+                        precision,
+                        Path(tmp) / f"{corpus}_{name}_{r}",
+                        data_cfg=replace(data_cfg, pack_pairs=pack),
+                        unpad=unpad,
+                        compile_mode=comp,
+                    )
+                for v in res.values():
+                    v["ratio_vs_baseline"] = v["tokens_per_sec"] / res["baseline_hf_fp32"]["tokens_per_sec"]
+                    if "padded" in res:
+                        v["ratio_vs_padded"] = v["tokens_per_sec"] / res["padded"]["tokens_per_sec"]
+                rounds.append(res)
+                print(
+                    f"{corpus} round {r + 1}/{args.repeat}: "
+                    + ", ".join(
+                        f"{k} {v['tokens_per_sec']:.0f} tok/s ({v.get('ratio_vs_padded', 0):.2f}x padded)"
+                        for k, v in res.items()
+                    ),
+                    flush=True,
+                )
+            summary = (
+                {}
+                if not rounds
+                else {
+                    k: {
+                        "tokens_per_sec_median": statistics.median(rd[k]["tokens_per_sec"] for rd in rounds),
+                        "ratio_vs_padded_median": statistics.median(
+                            rd[k].get("ratio_vs_padded", float("nan")) for rd in rounds
+                        ),
+                        "ratio_vs_baseline_median": statistics.median(
+                            rd[k]["ratio_vs_baseline"] for rd in rounds
+                        ),
+                        "mfu_median": rounds[0][k].get("mfu"),
+                        "compiled_graphs": rounds[0][k].get("compiled_graphs"),
+                    }
+                    for k in rounds[0]
+                }
+            )
+            if args.interleaved_steps:
+                inter = SimpleNamespace(**{**vars(args), "steps": args.interleaved_steps})
+                eager = [n for n in names if PATHS[n][2] == "none"]
+                interleaved = bench_interleaved(data, data_cfg, inter, eager, order)
+                print(
+                    f"{corpus} interleaved (CPU seconds): "
+                    + ", ".join(
+                        f"{k} {v['ratio_vs_padded_cpu']:.2f}x padded"
+                        for k, v in interleaved.items()
+                        if isinstance(v, dict)
+                    ),
+                    flush=True,
+                )
+            else:
+                interleaved = None
+            report["corpora"][corpus] = {
+                "interleaved_model_steps": interleaved,
+                "padding_fraction_at_max_seq_length": (
+                    (data.stats.get("per_split") or {}).get("train") or {}
+                ).get("padding_fraction_at_max_seq_length"),
+                "train_examples": n,
+                "summary": summary,
+                "rounds": rounds,
+            }
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")  # after each corpus
+    report["load_average_after"] = os.getloadavg()
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    for corpus, c in report["corpora"].items():
+        print(f"{corpus}: padding {c['padding_fraction_at_max_seq_length']}")
+        for k, v in c["summary"].items():
+            print(
+                f"  {k:<18} {v['tokens_per_sec_median']:>9.0f} tok/s  {v['ratio_vs_padded_median']:.2f}x padded  {v['ratio_vs_baseline_median']:.2f}x HF"
+            )
+    print(f"wrote {args.out}")
+
+
+def bench_interleaved(data, data_cfg, args, names: list[str], order: np.ndarray) -> dict:
+    """Forward, backward and AdamW step of each path on the same pre-collated micro-batches, the paths
+    taking turns step by step (rotating who goes first), timed in wall and in process CPU seconds.
+
+    On a machine shared with other work the turns put every path through the same load phases, and
+    CPU seconds do not count the time the process waited for a core: the ratios of this section are
+    the steadier ones. Same model init and, on CPU, the fast dropout the trainer uses.
+    """
+    from dataclasses import replace
+
+    from transformers import BertForPreTraining
+
+    from bert_mp.core.config import ModelConfig
+    from bert_mp.data.masking import PretrainingCollator
+    from bert_mp.model.bert import PretrainingModel, bert_config
+    from bert_mp.model.dropout import install_fast_dropout
+
+    ds, mb, total = data.dataset["train"], args.micro_batch, args.warmup + args.steps
+    feats = [
+        [{**ds[int(i)], "index": int(i), "epoch": 0} for i in order[s * mb : (s + 1) * mb]]
+        for s in range(total)
+    ]
+    runs = {}
+    for name in ["baseline", *names]:
+        unpad, pack, _ = PATHS.get(name, (False, False, "none"))
+        collate = PretrainingCollator(data.tokenizer, replace(data_cfg, pack_pairs=pack), seed=42)
+        torch.manual_seed(0)
+        model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab))
+        if name != "baseline":
+            install_fast_dropout(model)
+            model = PretrainingModel(model, unpad=unpad)
+        runs[name] = {
+            "model": model.train(),
+            "opt": torch.optim.AdamW(model.parameters(), lr=1e-4),
+            "batches": [collate(f) for f in feats],
+            "wall": [],
+            "cpu": [],
+        }
+    for step in range(total):
+        turn = list(runs)[step % len(runs) :] + list(runs)[: step % len(runs)]
+        for name in turn:
+            r, batch = runs[name], runs[name]["batches"][step]
+            w0, c0 = time.perf_counter(), time.process_time()
+            if name == "baseline":
+                loss = r["model"](**{k: v for k, v in batch.items() if k != "segment_ids"}).loss
+            else:
+                o = r["model"](**batch)
+                n_masked = max(float((batch["labels"] != -100).sum()), 1.0)
+                loss = o["mlm_loss_sum"] / n_masked + o["nsp_loss_sum"] / mb
+            loss.backward()
+            r["opt"].step()
+            r["opt"].zero_grad()
+            if step >= args.warmup:
+                r["wall"].append(time.perf_counter() - w0)
+                r["cpu"].append(time.process_time() - c0)
+    tokens = sum(int(b["attention_mask"].sum()) for b in runs["baseline"]["batches"][args.warmup :])
+    padded = sum(b["attention_mask"].numel() for b in runs["baseline"]["batches"][args.warmup :])
+    out: dict = {"real_tokens": tokens, "batch_padding_fraction": 1 - tokens / padded}
+    for name, r in runs.items():
+        out[name] = {
+            "tokens_per_wall_sec": tokens / sum(r["wall"]),
+            "tokens_per_cpu_sec": tokens / sum(r["cpu"]),
+        }
+    ref = out.get("padded") or out["baseline"]
+    for name in runs:
+        for unit in ("wall", "cpu"):
+            key = f"tokens_per_{unit}_sec"
+            out[name][f"ratio_vs_padded_{unit}"] = out[name][key] / ref[key]
+            out[name][f"ratio_vs_baseline_{unit}"] = out[name][key] / out["baseline"][key]
+    return out
+
+
+def _cpu_model() -> str:
+    """``lscpu``'s model name (the CPU), or the platform's processor string."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return platform.processor()
+    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
 
 
 def main() -> None:
@@ -220,7 +478,33 @@ def main() -> None:
         "--baseline-precisions", default="fp32", help="plain HF loop precisions: fp32 and/or bf16 (autocast)"
     )
     p.add_argument("--out", default="runs/bench_train.json")
+    p.add_argument(
+        "--paths",
+        default=None,
+        help=f"compare encoder paths instead of precisions (first of --precisions): any of {', '.join(PATHS)}",
+    )
+    p.add_argument(
+        "--corpus", default="builtin,short", help="with --paths: prepared corpora (builtin, short)"
+    )
+    p.add_argument("--corpus-bytes", type=int, default=400_000, help="with --paths: size of the short corpus")
+    p.add_argument(
+        "--interleaved-only", action="store_true", help="with --paths: skip the training-loop runs"
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--interleaved-steps",
+        type=int,
+        default=0,
+        help="with --paths: also time this many model steps per path taking turns (wall and CPU seconds)",
+    )
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.paths:
+        import sys
+
+        args.argv = sys.argv[1:]
+        return bench_paths(args)
 
     from bert_mp.core.precision import device_name, library_versions, resolve_precision
     from bert_mp.errors import HardwareError

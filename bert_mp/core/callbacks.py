@@ -168,13 +168,19 @@ def peak_flops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def attention_flops_tokens(attention_mask: torch.Tensor) -> float:
+def attention_flops_tokens(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None = None) -> float:
     """Sum over sequences of (real length)^2, the attention term of :func:`step_flops`.
 
     Counted on real tokens, like the linear layers: MFU measures useful work, so padding (which a
-    padded SDPA kernel also computes) is not credited. Call it on the CPU batch (no device sync).
+    padded SDPA kernel also computes) is not credited. With ``segment_ids`` (packed rows: 1, 2, ... per
+    example, 0 on padding) each example of a row is a sequence of its own, as it attends only within
+    itself. The same count for the padded, unpadded and packed paths. Call it on the CPU batch.
     """
-    lengths = attention_mask.sum(dim=1, dtype=torch.float64)
+    if segment_ids is None:
+        lengths = attention_mask.sum(dim=1, dtype=torch.float64)
+    else:
+        rows = torch.arange(segment_ids.shape[0]).unsqueeze(1) * (int(segment_ids.max()) + 1)
+        lengths = torch.bincount((rows + segment_ids)[attention_mask != 0]).to(torch.float64)
     return float((lengths * lengths).sum())
 
 
@@ -185,7 +191,8 @@ def step_flops(facts: StepFacts, ctx: TrainContext) -> float:
     # QK^T and AV: 2 x 2 x seq x hidden per token per layer forward, x3 for backward
     attention = 12 * ctx.num_layers * h * facts.attention_flops_tokens
     sparse = getattr(ctx.cfg.model, "sparse_mlm_head", True)
-    mlm_rows = facts.mlm_count if sparse else facts.padded_tokens
+    dense_rows = facts.tokens if getattr(ctx.cfg.model, "unpad", False) else facts.padded_tokens
+    mlm_rows = facts.mlm_count if sparse else dense_rows
     mlm = 6 * (pc["mlm_transform_matmul"] + pc["mlm_decoder_matmul"]) * mlm_rows
     nsp = 6 * (pc["pooler_matmul"] + pc["nsp_matmul"]) * facts.sequences
     return float(encoder + attention + mlm + nsp)

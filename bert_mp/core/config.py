@@ -136,6 +136,10 @@ class DataConfig:
     needs (20 at 128, 77 at 512); a smaller cap masks less than ``mlm_probability`` and warns."""
     whole_word_masking: bool = False
     """Mask whole words (a token and its ## continuations) together."""
+    pack_pairs: bool = False
+    """Put several examples into one row of ``max_seq_length`` at load time (first fit, per micro-batch):
+    each attends only within itself, with its own position ids and NSP at its own [CLS]. Needs
+    model.unpad=true; the prepared data is the same (not part of the cache key). See docs/training.md."""
 
     seed: int = 12345
     """Seed for every random choice in data preparation and masking."""
@@ -232,7 +236,7 @@ class DataConfig:
     def cache_key(self) -> str:
         """Hash of every setting that changes the prepared bytes (not num_proc, not cache_dir)."""
         d = asdict(self)
-        for k in ("num_proc", "cache_dir"):
+        for k in ("num_proc", "cache_dir", "pack_pairs"):
             d.pop(k)
         # a derived cap and the same cap set explicitly give the same bytes; defaults of the new
         # keys leave the key of an existing config unchanged
@@ -276,6 +280,10 @@ class ModelConfig:
     padded blocks skipped). Unavailable ones are refused before training starts."""
     sparse_mlm_head: bool = True
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
+    unpad: bool = False
+    """Run the encoder on real tokens only: rows flattened to one token stream, attention within each
+    sequence (padding never enters a matmul). Same parameters, checkpoints and export; faster the more
+    padding the data has (docs/training.md). Needs attn_implementation sdpa or eager."""
     dropout_impl: str = "auto"
     """Dropout masks: fast (one 64-bit draw per 4 elements, p rounded to 1/32768; see
     bert_mp/model/dropout.py; CPU only) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
@@ -288,6 +296,13 @@ class ModelConfig:
             ("sdpa", "eager", "flash_attention_2", "flex_attention"),
         )
         _choice(self.dropout_impl, "model.dropout_impl", ("auto", "torch", "fast"))
+        if self.unpad:
+            _check(
+                self.attn_implementation in ("sdpa", "eager"),
+                "model.unpad",
+                "the unpadded encoder runs attention through sdpa or eager; set model.attn_implementation=sdpa",
+                self.attn_implementation,
+            )
         for name in (
             "hidden_size",
             "num_hidden_layers",
@@ -731,6 +746,13 @@ class Config:
     def validate(self) -> None:
         for f in fields(self):
             getattr(self, f.name).validate()
+        if self.data.pack_pairs:
+            _check(
+                self.model.unpad,
+                "data.pack_pairs",
+                "packed rows need the unpadded encoder to keep examples apart; add model.unpad=true",
+                self.data.pack_pairs,
+            )
         if self.model.attn_implementation == "flash_attention_2":
             _check(
                 self.train.precision in ("bf16", "fp16"),

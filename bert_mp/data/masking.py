@@ -150,7 +150,14 @@ class PretrainingCollator:
     loss.
     """
 
-    def __init__(self, tokenizer: Any, data_cfg: DataConfig, seed: int, pad_to_multiple_of: int | None = 8):
+    def __init__(
+        self,
+        tokenizer: Any,
+        data_cfg: DataConfig,
+        seed: int,
+        pad_to_multiple_of: int | None = 8,
+        pack_pairs: bool | None = None,
+    ):
         warning = data_cfg.masking_cap_warning()
         if warning and data_cfg.masking == "dynamic":
             warnings.warn(warning, UserWarning, stacklevel=2)
@@ -159,10 +166,29 @@ class PretrainingCollator:
         self.dynamic = data_cfg.masking == "dynamic"
         self.seed = int(seed)
         self.pad_to_multiple_of = pad_to_multiple_of
+        pack = data_cfg.pack_pairs if pack_pairs is None else pack_pairs
+        self.pack_length = data_cfg.max_seq_length if pack else None
+        """With ``data.pack_pairs``: examples share rows of this many tokens (``segment_ids`` tell them apart)."""
+
+    def _example(self, f: dict[str, Any]) -> tuple[Any, Any]:
+        """One feature's (masked input ids, labels)."""
+        ids = f["input_ids"]
+        if self.dynamic:
+            if "index" not in f or "epoch" not in f:
+                raise ValueError(
+                    "dynamic masking needs 'index' and 'epoch' in every feature "
+                    "(see docs/architecture.md, Collator)"
+                )
+            return mask_example(ids, self.spec, self.seed, int(f["epoch"]), int(f["index"]))
+        if "labels" not in f:
+            raise ValueError("static masking expects a 'labels' column; was the data prepared static?")
+        return ids, f["labels"]
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
             raise ValueError("PretrainingCollator got an empty batch")
+        if self.pack_length:
+            return self._packed(features)
         length = max(len(f["input_ids"]) for f in features)
         if self.pad_to_multiple_of:
             m = self.pad_to_multiple_of
@@ -175,21 +201,8 @@ class PretrainingCollator:
         with_nsp = "next_sentence_label" in features[0]
         nsp = np.zeros(n, dtype=np.int64)
         for row, f in enumerate(features):
-            ids = f["input_ids"]
-            k = len(ids)
-            if self.dynamic:
-                if "index" not in f or "epoch" not in f:
-                    raise ValueError(
-                        "dynamic masking needs 'index' and 'epoch' in every feature "
-                        "(see docs/architecture.md, Collator)"
-                    )
-                masked, lab = mask_example(ids, self.spec, self.seed, int(f["epoch"]), int(f["index"]))
-            else:
-                if "labels" not in f:
-                    raise ValueError(
-                        "static masking expects a 'labels' column; was the data prepared static?"
-                    )
-                masked, lab = ids, f["labels"]
+            k = len(f["input_ids"])
+            masked, lab = self._example(f)
             input_ids[row, :k] = masked
             labels[row, :k] = lab
             token_type_ids[row, :k] = f["token_type_ids"]
@@ -204,4 +217,40 @@ class PretrainingCollator:
         }
         if with_nsp:
             batch["next_sentence_label"] = torch.from_numpy(nsp)
+        return batch
+
+    def _packed(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Examples first-fit into rows of ``pack_length``; ``segment_ids`` 1, 2, ... per example in a
+        row (0 on padding). ``next_sentence_label`` follows the examples in row-major order, the order
+        in which the unpadded model reads each example's ``[CLS]``."""
+        from bert_mp.data.packing import pack_rows
+
+        plan = pack_rows([len(f["input_ids"]) for f in features], self.pack_length)
+        length = max(sum(len(features[i]["input_ids"]) for i in row) for row in plan)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        shape = (len(plan), length)
+        input_ids = np.full(shape, self.pad_token_id, dtype=np.int64)
+        token_type_ids, attention_mask = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        segment_ids, labels = np.zeros(shape, dtype=np.int64), np.full(shape, -100, dtype=np.int64)
+        order = [i for row in plan for i in row]
+        for r, row in enumerate(plan):
+            at = 0
+            for s, i in enumerate(row, start=1):
+                f = features[i]
+                k = len(f["input_ids"])
+                input_ids[r, at : at + k], labels[r, at : at + k] = self._example(f)
+                token_type_ids[r, at : at + k] = f["token_type_ids"]
+                attention_mask[r, at : at + k], segment_ids[r, at : at + k] = 1, s
+                at += k
+        batch = {
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(token_type_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "labels": torch.from_numpy(labels),
+            "segment_ids": torch.from_numpy(segment_ids),
+        }
+        if "next_sentence_label" in features[0]:
+            nsp = [int(features[i]["next_sentence_label"]) for i in order]
+            batch["next_sentence_label"] = torch.tensor(nsp, dtype=torch.long)
         return batch

@@ -42,3 +42,26 @@ def pack_documents(
     out[offsets[:-1]] = cls_id
     out[offsets[1:] - 1] = sep_id
     return out, offsets
+
+
+def pack_rows(lengths: list[int], max_seq_length: int) -> list[list[int]]:
+    """Group examples (by their ``lengths``, in order) into rows of at most ``max_seq_length`` tokens.
+
+    First fit: each example goes into the first row with room, else opens a new row; rows and the
+    examples within a row keep the input order. Deterministic, so a packed batch is a function of
+    its examples. Used by ``data.pack_pairs`` to put several short NSP pairs into one row.
+    """
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        if n > max_seq_length:
+            raise ValueError(f"example {i} has {n} tokens, more than max_seq_length={max_seq_length}")
+        for r, free in enumerate(room):
+            if n <= free:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(max_seq_length - n)
+    return rows

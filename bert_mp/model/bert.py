@@ -320,9 +320,18 @@ class PretrainingModel(nn.Module):
         model: BertForPreTraining,
         sparse_mlm_head: bool = True,
         max_predictions_per_seq: int | None = None,
+        unpad: bool = False,
     ):
         super().__init__()
         self.model = model
+        self.unpad = unpad
+        """Run the encoder on real tokens only (``bert_mp/model/unpad.py``); same parameters."""
+        self.stream_bucket: Any = None
+        """With ``unpad``: a ``(total, capacity) -> stream length`` rounding for compiled runs, or None."""
+        if unpad:
+            from bert_mp.model.unpad import install_unpadded_attention
+
+            install_unpadded_attention(model)
         self.sparse_mlm_head = sparse_mlm_head
         self.max_predictions_per_seq = max_predictions_per_seq
         """With it, the masked rows are gathered into a fixed ``batch x max_predictions_per_seq`` buffer
@@ -353,16 +362,24 @@ class PretrainingModel(nn.Module):
         labels: torch.Tensor,
         next_sentence_label: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        attention_mask = sdpa_padding_mask(attention_mask, self.model.config._attn_implementation)
-        out = self.model.bert(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
-        )
-        seq, pooled = out.last_hidden_state, out.pooler_output
-        flat_labels = labels.reshape(-1)
+        if self.unpad:
+            from bert_mp.model.unpad import run_unpadded
+
+            seq, pooled, flat_labels = run_unpadded(
+                self, input_ids, token_type_ids, labels, attention_mask, segment_ids
+            )
+        else:
+            attention_mask = sdpa_padding_mask(attention_mask, self.model.config._attn_implementation)
+            out = self.model.bert(
+                input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+            )
+            seq, pooled = out.last_hidden_state, out.pooler_output
+            flat_labels = labels.reshape(-1)
         heads = self.model.cls
         if self.sparse_mlm_head:
-            rows, targets = self._masked_rows(flat_labels, labels.shape[0])
+            rows, targets = self._masked_rows(flat_labels, pooled.shape[0])
             hidden = seq.reshape(-1, seq.shape[-1]).index_select(0, rows)
             # losses and the vocab softmax in fp32 whatever the autocast dtype
             logits = heads.predictions(hidden).float()

@@ -106,7 +106,9 @@ def forward_backward(
     figures = dict(zip(SUM_KEYS, sums))
     figures["tokens"] = sum(int(m.sum()) for m in masks)
     figures["padded_tokens"] = sum(m.numel() for m in masks)
-    figures["attention_flops_tokens"] = sum(attention_flops_tokens(m) for m in masks)
+    figures["attention_flops_tokens"] = sum(
+        attention_flops_tokens(b["attention_mask"], b.get("segment_ids")) for b in micro
+    )
     return {k: device_scalar(v, device) for k, v in figures.items()}
 
 

@@ -168,8 +168,15 @@ class Trainer:
             install_fast_dropout(model)
         self.inner, self.counts = model, parameter_counts(model)
         wrapped = PretrainingModel(
-            model, cfg.model.sparse_mlm_head, max_predictions_per_seq=static_mask_cap(cfg.data, acc.device)
+            model,
+            cfg.model.sparse_mlm_head,
+            max_predictions_per_seq=static_mask_cap(cfg.data, acc.device),
+            unpad=cfg.model.unpad,
         )
+        if cfg.model.unpad and tc.compile != "none":
+            from bert_mp.model.unpad import prepare_for_compile
+
+            prepare_for_compile(wrapped, cfg.data)  # bucketed stream lengths: a bounded number of graphs
         wrapped = compile_model(wrapped, tc.compile)
         optimizer = build_optimizer(wrapped, tc, acc.device)
         self.scheduler = build_scheduler(optimizer, tc)
@@ -461,6 +468,10 @@ class Trainer:
         summary["conditions"] = self.conditions.at_end()
         if error:
             summary["error"] = error
+        if self.tc.compile != "none":
+            from bert_mp.model.unpad import compiled_graphs
+
+            summary["compile"] = {"mode": self.tc.compile, "graphs": compiled_graphs()}
         for cb in self.callbacks:
             cb.on_train_end(s, summary)
         self.log.finish(summary)

@@ -103,3 +103,29 @@ def test_bench_train_runs(tmp_path):
         lo, hi = res[name]["ratio_min_max"]
         assert res[name]["tokens_per_sec"] > 0 and lo <= res[name]["ratio_vs_baseline"] <= hi
     assert res["bert_mp_bf16"]["precision_in_effect"]["autocast_dtype"] == "bfloat16"
+
+
+def test_bench_train_paths_runs(tmp_path):
+    """The padded / unpadded / packed comparison on a small many-short-documents corpus (the script,
+    not the speed)."""
+    out = tmp_path / "paths.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "bench_train.py"),
+            *("--paths", "padded,unpad,unpad+pack", "--corpus", "short", "--corpus-bytes", "40000"),
+            *("--preset", "tiny", "--seq", "64", "--micro-batch", "8", "--steps", "1", "--warmup", "1"),
+            *("--repeat", "1", "--precisions", "fp32", "--interleaved-steps", "1", "--out", str(out)),
+        ],
+        tmp_path,
+    )
+    report = json.loads(out.read_text())
+    short = report["corpora"]["short"]
+    assert short["padding_fraction_at_max_seq_length"] > 0.05
+    summary = short["summary"]
+    assert set(summary) == {"baseline_hf_fp32", "padded", "unpad", "unpad+pack"}
+    assert summary["padded"]["ratio_vs_padded_median"] == 1.0
+    assert all(v["tokens_per_sec_median"] > 0 for v in summary.values())
+    assert report["cpu_model"] is not None and "command" in report
+    inter = short["interleaved_model_steps"]
+    assert inter["padded"]["ratio_vs_padded_cpu"] == 1.0 and inter["batch_padding_fraction"] > 0
+    assert all(inter[k]["tokens_per_cpu_sec"] > 0 for k in ("baseline", "padded", "unpad", "unpad+pack"))
