@@ -10,6 +10,7 @@ ranks) stay quiet too; a variable the user has set is left as it is.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -22,6 +23,11 @@ QUIET_ENV = {
     "KINETO_LOG_LEVEL": "6",
 }
 
+# Loggers that speak at import: transformers imports torchao (when installed) for its quantizers,
+# and torchao then logs each CUDA-only kernel library it cannot load on this machine and torch
+# warns about torchao's Enum registrations. Nothing of it concerns a bert_mp command.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
 
 def quiet_libraries(debug: bool = False) -> None:
     """Silence the libraries' progress bars and log lines (all of it stays under ``debug``)."""
@@ -29,6 +35,8 @@ def quiet_libraries(debug: bool = False) -> None:
         return
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     # Already imported (a Python caller, or a second command in one process): the settings the
     # libraries read at import time are applied through their own switches.
     if "huggingface_hub" in sys.modules:
