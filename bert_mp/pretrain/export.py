@@ -8,6 +8,7 @@ tokenizer's length limit, a model card, weight checksums) and written atomically
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,30 +59,43 @@ def locate_checkpoint(ref: str | Path) -> tuple[Path, Path]:
     )
 
 
-def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
-    """Rebuild ``BertForPreTraining`` from a checkpoint and write a Hugging Face folder (default ``<run>/export-step_N``).
+@dataclass
+class ExportSource:
+    """What an export is built from, each file read once: the verified checkpoint, its run's
+    ``config.yaml``, the checkpoint's ``loop_state.json`` and the run's ``summary.json`` (``{}``
+    for a run that never wrote one, such as a killed one)."""
 
-    The checkpoint is verified (sizes and digests) before any of it is read; the folder is written
-    atomically, and a full disk ends in one line (:class:`bert_mp.errors.StorageError`).
-    """
+    folder: Path
+    run: Path
+    cfg: Any
+    loop_state: dict
+    summary: dict
+
+    @property
+    def step(self) -> int:
+        return self.loop_state["step"]
+
+    @property
+    def data_facts(self) -> dict:
+        """The data the run trained on: the checkpoint's fingerprint, then the summary's data section."""
+        fingerprint = (self.loop_state.get("meta") or {}).get("data_fingerprint")
+        return {"fingerprint": fingerprint, **self.summary.get("data", {})}
+
+
+def read_source(ref: str | Path) -> ExportSource:
+    """Locate and verify the checkpoint of ``ref``, then read its run's files (each once)."""
     import warnings
 
-    from transformers import AutoTokenizer, BertConfig, BertForPreTraining
-    from transformers.utils import logging as hf_logging
-
     from bert_mp.core.config import load_config
-    from bert_mp.data.prepare import cache_path
     from bert_mp.errors import BertMPWarning, TrainingError
-    from bert_mp.model.bert import bert_config
 
-    hf_logging.disable_progress_bar()  # a "Writing model shards" bar is noise in a one-shot command
     folder, run = locate_checkpoint(ref)
     if not (run / "config.yaml").is_file():
         raise ConfigError(
             f"{run}: no config.yaml (the checkpoint's run folder is needed to rebuild the model)"
         )
     if not ckpt.is_hashed(folder):
-        warnings.warn(ckpt.size_only_note(folder), BertMPWarning, stacklevel=2)
+        warnings.warn(ckpt.size_only_note(folder), BertMPWarning, stacklevel=3)
     try:
         loop_state = ckpt.read_loop_state(folder)
     except TrainingError as e:
@@ -89,37 +103,61 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
     cfg = load_config(run / "config.yaml")
     summary_path = run / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-    data = Path(summary.get("data", {}).get("path") or cache_path(cfg.data))
+    return ExportSource(folder, run, cfg, loop_state, summary)
+
+
+def _rebuild(src: ExportSource) -> tuple[Any, Any]:
+    """``(BertForPreTraining with the checkpoint's weights, the run's tokenizer)``."""
+    from transformers import AutoTokenizer, BertConfig, BertForPreTraining
+
+    from bert_mp.data.prepare import cache_path
+    from bert_mp.model.bert import bert_config
+
+    data = Path(src.summary.get("data", {}).get("path") or cache_path(src.cfg.data))
     if not (data / "tokenizer").is_dir():
         raise ConfigError(
-            f"{data}: the run's prepared data (its tokenizer) is gone; run `bert-mp prepare {run / 'config.yaml'}` first"
+            f"{data}: the run's prepared data (its tokenizer) is gone; "
+            f"run `bert-mp prepare {src.run / 'config.yaml'}` first"
         )
     tokenizer = AutoTokenizer.from_pretrained(str(data / "tokenizer"))
-    model_conf = summary.get("model", {}).get("config")
+    model_conf = src.summary.get("model", {}).get("config")
     if model_conf:
         bcfg = BertConfig(**model_conf)
     else:
         stats = json.loads((data / "stats.json").read_text(encoding="utf-8"))
-        bcfg = bert_config(
-            cfg.model, int(cfg.model.vocab_size or stats["model_vocab_size"]), tokenizer.pad_token_id
-        )
-    model = _checkpoint_model(folder, BertForPreTraining(bcfg))
-    step = loop_state["step"]
-    dest = Path(out) if out else run / f"export-{folder.name}"
-    data_facts = {
-        "fingerprint": (loop_state.get("meta") or {}).get("data_fingerprint"),
-        **summary.get("data", {}),
-    }
-    evaluation, eval_step = evaluation_at(run, step)
-    facts = pretraining_facts(cfg, step, cfg.train.precision, evaluation, data_facts)
-    if evaluation and eval_step != step:
+        model = src.cfg.model
+        bcfg = bert_config(model, int(model.vocab_size or stats["model_vocab_size"]), tokenizer.pad_token_id)
+    return _checkpoint_model(src.folder, BertForPreTraining(bcfg)), tokenizer
+
+
+def _card_facts(src: ExportSource) -> dict:
+    """The model card's table: the run's facts, the evaluation at (or before) the step, the checkpoint."""
+    evaluation, eval_step = evaluation_at(src.run, src.step)
+    facts = pretraining_facts(src.cfg, src.step, src.cfg.train.precision, evaluation, src.data_facts)
+    if evaluation and eval_step != src.step:
         facts["evaluated"] = f"at step {eval_step} (the last evaluation before this checkpoint)"
-    facts["checkpoint"] = f"{folder.name} of {run.name} (exported with bert-mp export)"
+    facts["checkpoint"] = f"{src.folder.name} of {src.run.name} (exported with bert-mp export)"
+    return facts
+
+
+def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
+    """Rebuild ``BertForPreTraining`` from a checkpoint and write a Hugging Face folder (default ``<run>/export-step_N``).
+
+    The checkpoint is verified (sizes and digests) before any of it is read; the folder is written
+    atomically, and a full disk ends in one line (:class:`bert_mp.errors.StorageError`).
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar is noise in a one-shot command
+    src = read_source(ref)
+    model, tokenizer = _rebuild(src)
+    dest = Path(out) if out else src.run / f"export-{src.folder.name}"
+    facts = _card_facts(src)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        finish_hf_folder(tmp, "pretraining", bcfg.max_position_embeddings, facts)
+        finish_hf_folder(tmp, "pretraining", model.config.max_position_embeddings, facts)
 
     needed = sum(p.numel() * p.element_size() for p in model.parameters())
     storage.write_folder_atomically(
@@ -127,7 +165,7 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
         write,
         "the export",
         needed,
-        lambda: f"{folder} is untouched. Free disk space and run bert-mp export again",
+        lambda: f"{src.folder} is untouched. Free disk space and run bert-mp export again",
     )
     return dest
 
