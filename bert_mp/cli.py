@@ -41,7 +41,7 @@ COMMANDS = {
         "a fine-tuned classifier over a data file -> predictions (+ metrics)",
     ),
     "export": (
-        "bert_mp.core.export",
+        "bert_mp.pretrain.export",
         "command",
         "a checkpoint (even of a stopped run) -> a Hugging Face folder",
     ),

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from bert_mp.core import integrity, state_io, storage
-from bert_mp.core.export import finish_hf_folder
+from bert_mp.core.export import CHECKSUMS, finish_hf_folder
 from bert_mp.core.hold import hold
 from bert_mp.errors import BertMPWarning, TrainingError
 
@@ -105,8 +105,6 @@ def find_latest(ckpt_dir: Path, quiet: bool = False) -> Path | None:
 def damaged_outputs(run_dir: Path) -> str | None:
     """Why a finished run's saved state cannot be reused as it is - its newest checkpoint or its
     export (``final/``) does not verify - or None when both do (or it has none)."""
-    from bert_mp.core.export import CHECKSUMS
-
     run_dir = Path(run_dir)
     newest = list_checkpoints(run_dir / "checkpoints")[-1:]
     if newest and (problem := verify(newest[0])):
@@ -308,7 +306,7 @@ def export_pretrained(
     dtype: torch.dtype | None = None,
 ) -> Path | None:
     """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer,
-    with the tokenizer's length limit, a model card and weight checksums (:func:`bert_mp.export.finish_hf_folder`).
+    with the tokenizer's length limit, a model card and weight checksums (:func:`bert_mp.core.export.finish_hf_folder`).
 
     ``wrapped`` is the prepared :class:`bert_mp.model.bert.PretrainingModel`; its full state dict is
     gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native. A failing

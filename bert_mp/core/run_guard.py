@@ -10,7 +10,8 @@ Called before any work by every training loop (``train`` and ``finetune``):
   (precision, batch size, ``max_steps``, ...) is allowed, printed, and logged as a ``config_change``
   row in ``metrics.jsonl`` at the step the run resumes from;
 - a pretraining resume onto prepared data rebuilt with other bytes is refused too (unless
-  ``train.allow_data_change``), before any work where that data exists already.
+  ``train.allow_data_change``), before any work where that data exists already: that check reads
+  the prepared data, so it lives with pretraining (:mod:`bert_mp.pretrain.run_guard`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bert_mp.errors import ConfigError, TrainingError
+from bert_mp.errors import ConfigError
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "final")
 """What makes a folder hold a run (a folder with only config.yaml or a sweep's launch.log does not)."""
@@ -107,40 +108,7 @@ def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
             f"{name}.resume: the run in {out} was trained with other weights or data ({shown}); "
             f"resume with its config ({saved}), or start a new run in another {name}.output_dir"
         )
-    if name == "train" and not section.allow_data_change:
-        check_data_unchanged(cfg, out / "checkpoints", section.resume)
     return changes
-
-
-def data_change_error(resumed_from: Any, trained_on: str, data_path: Any, now: str) -> TrainingError:
-    """A resume onto prepared data whose bytes changed since the checkpoint (``prepare --force``)."""
-    return TrainingError(
-        f"train.resume: {resumed_from} was trained on data with fingerprint {trained_on}, but "
-        f"{data_path} now holds {now} (rebuilt, e.g. by prepare --force); prepare the original "
-        "data again, or set train.allow_data_change=true to continue on the new data"
-    )
-
-
-def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
-    """Before any work: refuse a resume whose prepared data now holds other bytes, where that data
-    is prepared already (the trainer checks again once it has prepared or loaded it), so that the
-    run folder is left as it was (config.yaml included)."""
-    import json
-
-    from bert_mp.core import checkpoint as ckpt
-    from bert_mp.data.prepare import cache_path, is_complete
-
-    data = cache_path(cfg.data)
-    if not is_complete(data):
-        return
-    folder = ckpt.resolve_resume(resume, checkpoints, quiet=True)  # skipped ones are reported elsewhere
-    if folder is None:
-        return
-    state = ckpt.read_loop_state(folder)
-    trained_on = (state.get("meta") or {}).get("data_fingerprint")
-    now = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("fingerprint")
-    if trained_on and now and trained_on != now:
-        raise data_change_error(folder, trained_on, data, now)
 
 
 def clear_run(folder: Path) -> None:

@@ -37,7 +37,6 @@ from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
 from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
-from bert_mp.core.export import pretraining_facts
 from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.hold import hold
 from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp train`'s own
@@ -51,7 +50,7 @@ from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp trai
 )
 from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
-from bert_mp.core.run_guard import announce_resume, check_output_dir, data_change_error
+from bert_mp.core.run_guard import announce_resume
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.step_metrics import DeviceStepMetrics
@@ -68,6 +67,8 @@ from bert_mp.model.bert import (
 from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
 from bert_mp.pretrain.evaluate import evaluate
+from bert_mp.pretrain.export import pretraining_facts
+from bert_mp.pretrain.run_guard import check_output_dir, data_change_error
 from bert_mp.pretrain.step import StepTotals, device_scalar, forward_backward
 
 ModelBuilder = Callable[..., Any]

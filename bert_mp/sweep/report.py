@@ -1,401 +1,27 @@
 """``bert-mp report <sweep dir>``: verdicts, speed ladder, memory, kernel check and plots of a sweep.
 
-Reads the sweep manifest (``sweep.json``, written by ``bert_mp.sweep.runner``), every run folder
-(``summary.json`` + ``metrics.jsonl``, see docs/architecture.md) and the diagnostics probes, and
-writes ``report.md``, a self-contained ``report.html`` (plots embedded as base64 PNG),
-``summary.json`` and ``plots/*.png``. Verdicts are recomputed from the run data every time, so a
-report can be rewritten with other multipliers without training again.
+Reads the sweep's runs and verdicts (:mod:`bert_mp.sweep.results`) and the diagnostics probes,
+and writes ``report.md``, a self-contained ``report.html`` (:mod:`bert_mp.sweep.document`),
+``summary.json`` and ``plots/*.png`` (:mod:`bert_mp.sweep.plots`). Verdicts are recomputed from the
+run data every time, so a report can be rewritten with other multipliers without training again.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.config import SweepConfig
-from bert_mp.core.io import atomic_write_json, atomic_write_text, read_jsonl
+from bert_mp.core.io import atomic_write_json, atomic_write_text
 from bert_mp.sweep import diagnostics, fairness, grid, parity
-from bert_mp.sweep.record import RunEntry, RunSummary, SweepRecord, strict_record
-
-
-# --------------------------------------------------------------------------------------------------
-# loading
-# --------------------------------------------------------------------------------------------------
-@dataclass
-class Run:
-    """One run of the sweep record with what its folder holds."""
-
-    entry: RunEntry
-    summary: RunSummary | None
-    rows: list[dict[str, Any]]
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    @property
-    def precision(self) -> str:
-        return self.entry.precision
-
-    @property
-    def role(self) -> str:
-        return self.entry.role
-
-    @property
-    def status(self) -> str:
-        return self.summary.status if self.summary is not None else self.entry.status
-
-    @cached_property
-    def curves(self) -> parity.Curves:
-        return parity.curves_from_rows(self.rows)
-
-    @cached_property
-    def fp16_health(self) -> dict[str, Any] | None:
-        """Loss-scale trajectory and skips (None without a scaler), computed once per run."""
-        return diagnostics.loss_scale_health(self.rows)
-
-    @property
-    def problem(self) -> str | None:
-        """Why the run did not complete: its error, or the sweep's reason (a skip)."""
-        return (self.summary.error if self.summary else None) or self.entry.reason
-
-
-@dataclass
-class GroupResult:
-    """Runs that share every axis but precision; compared against their own fp32 reference."""
-
-    name: str
-    axes: dict[str, Any]
-    runs: list[Run] = field(default_factory=list)
-
-    def by_role(self, role: str) -> Run | None:
-        return next((r for r in self.runs if r.role == role), None)
-
-
-def load_sweep(sweep_dir: str | Path) -> tuple[SweepRecord, list[GroupResult]]:
-    """The sweep record and the runs of a sweep folder, grouped."""
-    root = Path(sweep_dir)
-    record = SweepRecord.load(root)
-    groups = {g.name: GroupResult(g.name, g.axes) for g in record.groups}
-    for entry in record.runs:
-        run_dir = root / entry.dir
-        rows = list(read_jsonl(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else []
-        groups.setdefault(entry.group, GroupResult(entry.group, {})).runs.append(
-            Run(entry, RunSummary.load(run_dir), rows)
-        )
-    return record, list(groups.values())
-
-
-# --------------------------------------------------------------------------------------------------
-# analysis
-# --------------------------------------------------------------------------------------------------
-def verdict_rules(record: SweepRecord) -> parity.VerdictRules:
-    """The verdict rules of the sweep's own config (``sweep.json`` holds the resolved tree)."""
-    return parity.VerdictRules.from_sweep(
-        strict_record(SweepConfig, record.config["sweep"], "sweep.json: config.sweep", require_all=True)
-    )
-
-
-def group_verdicts(group: GroupResult, rules: parity.VerdictRules) -> dict[str, dict[str, Any]]:
-    """Verdict per run of a group: reference, seed spread, skipped, n/a or pass / warn / fail."""
-    ref = group.by_role("reference")
-    spread = group.by_role("seed_spread")
-    ref_ok = ref is not None and ref.status == "completed" and ref.rows
-    spread_curves = (
-        spread.curves if spread is not None and spread.status == "completed" and spread.rows else None
-    )
-    out: dict[str, dict[str, Any]] = {}
-    for run in group.runs:
-        if run.status == "skipped":
-            out[run.name] = {"status": "skipped", "reasons": [run.entry.reason or "skipped"]}
-        elif run.role == "reference":
-            reasons = ["the fp32 reference"] if ref_ok else [f"reference run is {run.status}: no verdicts"]
-            out[run.name] = {"status": "reference" if ref_ok else "n/a", "reasons": reasons}
-        elif not ref_ok:
-            out[run.name] = {"status": "n/a", "reasons": ["no completed fp32 reference in this group"]}
-        elif not run.rows:
-            out[run.name] = {
-                "status": "fail",
-                "reasons": [f"run is {run.status} with no metrics" + _error_suffix(run)],
-            }
-        else:
-            out[run.name] = _judge(run, ref, spread_curves, rules)
-    return out
-
-
-def _judge(run: Run, ref: Run, spread_curves: Any, rules: parity.VerdictRules) -> dict[str, Any]:
-    unfinished = run.status in ("stopped", "pending", "running")
-    # an interrupted run is judged on the steps it has: a failure already visible stands,
-    # anything else waits for the sweep to be resumed
-    status = "completed" if unfinished else run.status
-    d = parity.verdict(run.curves, ref.curves, spread_curves, rules, run_status=status).to_dict()
-    if unfinished and d["status"] != "fail":
-        d["status"] = "incomplete"
-        d["reasons"] = [f"run is {run.status}: run `bert-mp sweep` again to resume it"]
-    if run.role == "seed_spread":
-        d["status"] = "seed spread"
-        d["reasons"] = ["fp32 with another seed: defines the tolerance"]
-    elif run.status != "completed":
-        d["reasons"].append(_error_suffix(run).strip(": ") or "")
-    return d
-
-
-def _error_suffix(run: Run) -> str:
-    err = run.problem
-    return f": {err}" if err else ""
-
-
-def _fmt(x: Any, spec: str = ".4g", none: str = "-") -> str:
-    if x is None:
-        return none
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return format(x, spec)
-
-
-def _pct(x: Any) -> str:
-    return _fmt(x * 100 if isinstance(x, (int, float)) else None, ".3g") + ("%" if x is not None else "")
-
-
-def _cost(entry: RunEntry | None) -> str:
-    if entry is None or entry.wall_s is None:
-        return "-"
-    return f"{entry.wall_s:.0f} / {_fmt(entry.cpu_s, '.0f')}"
-
-
-def _bytes(x: Any) -> str:
-    if x is None:
-        return "-"
-    return f"{x / 2**20:.1f} MiB"
-
-
-# --------------------------------------------------------------------------------------------------
-# plots
-# --------------------------------------------------------------------------------------------------
-COLORS = {"fp32": "black", "tf32": "tab:purple", "bf16": "tab:blue", "fp16": "tab:orange"}
-
-
-def _plot_group(group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list[tuple[str, Path]]:
-    """Every plot of one group, as (caption, path); plots without data are left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plots_dir.mkdir(parents=True, exist_ok=True)
-    made: list[tuple[str, Path]] = []
-    for plot in (_plot_losses, _plot_deviation, _plot_throughput, _plot_memory, _plot_loss_scale):
-        made += plot(plt, group, rules, plots_dir)
-    return made
-
-
-def _smoothed(run: Run, key: str, window: int) -> tuple[list[int], list[float]]:
-    pts = run.curves.series("train", key)
-    return [s for s, _ in pts], parity.moving_average([v for _, v in pts], window)
-
-
-def _seed_band(ax: Any, group: GroupResult, key: str, window: int) -> None:
-    ref, spread = group.by_role("reference"), group.by_role("seed_spread")
-    if ref is None or spread is None or not ref.rows or not spread.rows:
-        return
-    s1, v1 = _smoothed(ref, key, window)
-    s2, v2 = _smoothed(spread, key, window)
-    common = sorted(set(s1) & set(s2))
-    a, b = dict(zip(s1, v1)), dict(zip(s2, v2))
-    lo, hi = [min(a[s], b[s]) for s in common], [max(a[s], b[s]) for s in common]
-    ax.fill_between(common, lo, hi, color="grey", alpha=0.3, label="fp32 seed band")
-
-
-def _plot_losses(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
-    with_data = [r for r in group.runs if r.rows]
-    if not with_data:
-        return []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key in zip(axes, ("loss/mlm", "loss/nsp")):
-        _seed_band(ax, group, key, rules.window)
-        for run in with_data:
-            if run.role != "seed_spread":
-                s, v = _smoothed(run, key, rules.window)
-                ax.plot(s, v, color=COLORS.get(run.precision), label=run.name, lw=1.2)
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"{key} (moving average, {rules.window} steps)")
-        ax.set_yscale("log" if key == "loss/mlm" else "linear")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"Training loss by precision ({group.name})")
-    return [
-        (
-            "Loss curves (fp32 seed band shaded)",
-            _finish(plt, fig, plots_dir / f"{group.name}_loss_curves.png"),
-        )
-    ]
-
-
-def _plot_deviation(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
-    ref = group.by_role("reference")
-    if ref is None or not ref.rows:
-        return []
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ref_mlm = ref.curves.series("train", "loss/mlm")
-    for run in group.runs:
-        if run.rows and run.role != "reference":
-            d = parity.deviation(run.curves.series("train", "loss/mlm"), ref_mlm, rules.window)
-            style = "--" if run.role == "seed_spread" else "-"
-            color = COLORS.get(run.precision, "grey")
-            ax.plot(d.steps, [100 * x for x in d.rel], style, color=color, label=run.name)
-    ax.axhline(0, color="black", lw=0.8)
-    title = f"Deviation from the fp32 reference ({group.name}); dashed: another fp32 seed"
-    _label_steps(ax, "MLM loss deviation from fp32 (%)", title)
-    return [("Deviation from fp32", _finish(plt, fig, plots_dir / f"{group.name}_deviation.png"))]
-
-
-def _measured(group: GroupResult) -> list[tuple[str, str, RunSummary]]:
-    return [(r.name, r.precision, r.summary) for r in group.runs if r.summary and r.role != "seed_spread"]
-
-
-def _plot_throughput(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
-    tps = [(n, p, (s.throughput or {}).get("tokens_per_sec")) for n, p, s in _measured(group)]
-    tps = [t for t in tps if t[2]]
-    if not tps:
-        return []
-    path = plots_dir / f"{group.name}_tokens_per_sec.png"
-    return [("Throughput", _bar(plt, tps, "tokens / s (non-padding)", f"Throughput ({group.name})", path))]
-
-
-def _plot_memory(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
-    bars = _measured(group)
-    mem = [(n, p, ((s.memory or {}).get("peak_bytes") or 0) / 2**20) for n, p, s in bars]
-    mem = [m for m in mem if m[2]]
-    if not mem:
-        return []
-    kind = (bars[0][2].memory or {}).get("kind") or "peak"
-    path = plots_dir / f"{group.name}_peak_memory.png"
-    return [("Peak memory", _bar(plt, mem, f"MiB ({kind})", f"Peak memory ({group.name})", path))]
-
-
-def _plot_loss_scale(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
-    scaled = [(r, r.fp16_health) for r in group.runs if r.fp16_health]
-    if not scaled:
-        return []
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for run, h in scaled:
-        steps, scales = zip(*h["trajectory"])
-        label = f"{run.name} ({h['skipped_steps']} skipped)"
-        ax.step(steps, scales, where="post", color=COLORS.get(run.precision), label=label)
-    ax.set_yscale("log", base=2)
-    _label_steps(ax, "loss scale", f"fp16 dynamic loss scale ({group.name})")
-    return [("fp16 loss scale", _finish(plt, fig, plots_dir / f"{group.name}_loss_scale.png"))]
-
-
-def _label_steps(ax: Any, ylabel: str, title: str) -> None:
-    """Axes over training steps: labels, title, grid and legend."""
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-def _finish(plt: Any, fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-    return path
-
-
-def _bar(plt: Any, items: list[tuple[str, str, float]], ylabel: str, title: str, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = [n for n, _, _ in items]
-    vals = [v for _, _, v in items]
-    ax.bar(names, vals, color=[COLORS.get(p, "grey") for _, p, _ in items])
-    for i, v in enumerate(vals):
-        ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-    return path
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.savefig(path, dpi=100)
-    return path
-
-
-# --------------------------------------------------------------------------------------------------
-# document model: rendered to markdown and to HTML from the same content
-# --------------------------------------------------------------------------------------------------
-@dataclass
-class Table:
-    headers: list[str]
-    rows: list[list[str]]
-
-
-@dataclass
-class Image:
-    caption: str
-    path: Path
-
-
-Block = str | Table | Image
-
-
-def _md(sections: list[tuple[str, list[Block]]], root: Path, title: str) -> str:
-    out = [f"# {title}", ""]
-    for heading, blocks in sections:
-        out += [f"## {heading}", ""]
-        for b in blocks:
-            if isinstance(b, Table):
-                out.append("| " + " | ".join(b.headers) + " |")
-                out.append("| " + " | ".join("---" for _ in b.headers) + " |")
-                out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in b.rows]
-            elif isinstance(b, Image):
-                out.append(f"![{b.caption}]({b.path.relative_to(root).as_posix()})")
-            elif b:
-                out.append(b)
-            else:
-                continue
-            out.append("")
-    return "\n".join(out)
-
-
-def _html(sections: list[tuple[str, list[Block]]], title: str) -> str:
-    e = html.escape
-    body = [f"<h1>{e(title)}</h1>"]
-    for heading, blocks in sections:
-        body.append(f"<h2>{e(heading)}</h2>")
-        for b in blocks:
-            if isinstance(b, Table):
-                head = "".join(f"<th>{e(h)}</th>" for h in b.headers)
-                rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in b.rows)
-                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
-            elif isinstance(b, Image):
-                data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-                body.append(
-                    f'<figure><img alt="{e(b.caption)}" src="data:image/png;base64,{data}">'
-                    f"<figcaption>{e(b.caption)}</figcaption></figure>"
-                )
-            elif b:
-                body.append(f"<p>{e(b).replace('`', '').replace('**', '')}</p>")
-    style = (
-        "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}"
-        "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}"
-        "th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}"
-    )
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
-        f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
-    )
-
+from bert_mp.sweep.document import Block, Image, Table, cost, fmt, mib, pct, to_html, to_markdown
+from bert_mp.sweep.plots import plot_group
+from bert_mp.sweep.record import RunSummary, SweepRecord
+from bert_mp.sweep.results import GroupResult, Run, error_suffix, group_verdicts, load_sweep, verdict_rules
 
 # --------------------------------------------------------------------------------------------------
 # the report: a list of section functions over one analysis per group
@@ -451,7 +77,7 @@ class Report:
                 unequal_conditions(group),
             ),
             probes=probes,
-            plots=_plot_group(group, self.rules, self.root / "plots"),
+            plots=plot_group(group, self.rules, self.root / "plots"),
         )
 
     def probe(self, group: GroupResult, precision: str) -> dict[str, Any] | None:
@@ -500,7 +126,7 @@ def _check_cell(checks: dict[str, Any], name: str) -> str:
         return "-"
     if not math.isfinite(c["value"]):
         return "non-finite"
-    return f"{_pct(c['value'])} ({_fmt(c['ratio'], '.1f')}x)"
+    return f"{pct(c['value'])} ({fmt(c['ratio'], '.1f')}x)"
 
 
 def _final_eval(run: Run | None) -> dict[str, Any]:
@@ -533,9 +159,7 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
         v = ga.verdicts[run.name]
         checks, ev = v.get("checks") or {}, _final_eval(run)
         d_acc = [
-            _fmt(ev[k] - ref_eval[k], "+.4f")
-            if ev.get(k) is not None and ref_eval.get(k) is not None
-            else "-"
+            fmt(ev[k] - ref_eval[k], "+.4f") if ev.get(k) is not None and ref_eval.get(k) is not None else "-"
             for k in ("eval/accuracy_mlm", "eval/accuracy_nsp")
         ]
         cells = [
@@ -549,7 +173,7 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
                 run.precision,
                 _status_label(v["status"]),
                 *cells,
-                _fmt(ev.get("eval/loss_mlm")),
+                fmt(ev.get("eval/loss_mlm")),
                 *d_acc,
                 why,
             ]
@@ -561,7 +185,7 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
 def _speedup_cell(row: dict[str, Any]) -> str:
     if row.get("conditions_differ"):
         return "not compared (conditions differ)"
-    return _fmt(row["speedup_vs_fp32"], ".2f") + ("x" if row["speedup_vs_fp32"] else "")
+    return fmt(row["speedup_vs_fp32"], ".2f") + ("x" if row["speedup_vs_fp32"] else "")
 
 
 def unequal_conditions(group: GroupResult) -> dict[str, str]:
@@ -600,7 +224,7 @@ def conditions_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
                 str(c["processes"]),
                 str(c["cores"]),
                 load,
-                _fmt(others, ".1f"),
+                fmt(others, ".1f"),
                 gpu or c.get("cpu_model", ""),
             ]
         )
@@ -631,11 +255,11 @@ def speed_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
         [
             r["name"],
             r["precision"],
-            _fmt(r["step_ms"], ".1f"),
-            _fmt(r["tokens_per_sec"], ".0f"),
+            fmt(r["step_ms"], ".1f"),
+            fmt(r["tokens_per_sec"], ".0f"),
             _speedup_cell(r),
-            _pct(r["mfu"]) if r["mfu"] is not None else "n/a",
-            _cost(entries.get(r["name"])),
+            pct(r["mfu"]) if r["mfu"] is not None else "n/a",
+            cost(entries.get(r["name"])),
         ]
         for r in ga.ladder
     ]
@@ -659,11 +283,11 @@ def _memory_row(run: Run, probe: dict[str, Any] | None) -> list[str]:
     copies = theory["low_precision_weight_copies"]
     return [
         run.name,
-        _bytes(mem.get("peak_bytes")) + (f" ({mem['kind']})" if mem.get("kind") else ""),
-        " / ".join(_fmt(per.get(k), ".1f") for k in state) if per else "-",
-        _fmt(theory["total"], ".0f") + f" (+{copies:.0f} transient)" * bool(copies),
-        _bytes(sum(mb.get(k, 0) for k in state)) if mb else "-",
-        _bytes(mb.get("activations_saved_for_backward")) if mb else "-",
+        mib(mem.get("peak_bytes")) + (f" ({mem['kind']})" if mem.get("kind") else ""),
+        " / ".join(fmt(per.get(k), ".1f") for k in state) if per else "-",
+        fmt(theory["total"], ".0f") + f" (+{copies:.0f} transient)" * bool(copies),
+        mib(sum(mb.get(k, 0) for k in state)) if mb else "-",
+        mib(mb.get("activations_saved_for_backward")) if mb else "-",
     ]
 
 
@@ -694,7 +318,7 @@ def _probe_tables(pr: dict[str, Any]) -> list[Block]:
     out: list[Block] = []
     if pr.get("cuda_kernels"):
         rows = [
-            [k["kernel"][:90], k["class"], str(k["count"]), _fmt(k["device_us"], ".0f")]
+            [k["kernel"][:90], k["class"], str(k["count"]), fmt(k["device_us"], ".0f")]
             for k in pr["cuda_kernels"][:8]
         ]
         out.append(Table(["CUDA kernel", "class", "launches", "device us"], rows))
@@ -706,7 +330,7 @@ def _probe_tables(pr: dict[str, Any]) -> list[Block]:
         out.append(Table(["oneDNN implementation", "src dtype", "fpmath", "class", "executions"], rows))
     if pr.get("matmul_ops"):
         rows = [
-            [o["op"], o["input_shapes"][:70], str(o["count"]), _fmt(o["cpu_us"], ".0f")]
+            [o["op"], o["input_shapes"][:70], str(o["count"]), fmt(o["cpu_us"], ".0f")]
             for o in pr["matmul_ops"][:6]
         ]
         out.append(Table(["profiler op", "input shapes", "calls", "CPU us"], rows))
@@ -740,7 +364,7 @@ def kernel_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
 def fp16_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
     keys = ("initial_scale", "final_scale", "min_scale")
     rows = [
-        [r.name, *(_fmt(h[k], ".0f") for k in keys), str(h["scale_drops"]), str(h["skipped_steps"])]
+        [r.name, *(fmt(h[k], ".0f") for k in keys), str(h["scale_drops"]), str(h["skipped_steps"])]
         for r in ga.group.runs
         if (h := r.fp16_health)
     ]
@@ -810,7 +434,7 @@ def unfinished_section(rep: Report) -> list[Section]:
     runs = [r for g in rep.groups for r in g.runs if r.status in ("skipped", "failed", "stopped", "pending")]
     if not runs:
         return []
-    rows = [[r.name, r.status, (_error_suffix(r)[2:] or "-")] for r in runs]
+    rows = [[r.name, r.status, (error_suffix(r)[2:] or "-")] for r in runs]
     return [("Skipped and unfinished runs", [Table(["run", "status", "reason"], rows)])]
 
 
@@ -846,14 +470,14 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
     rep = Report(root, record, groups, verdict_rules(record))
     analyses = [rep.analyse(g) for g in groups]
     sections = overview_section(rep)
-    sections += grid.grid_section(analyses, Table, _bytes)  # precision x optimizer (sweep.optimizers)
+    sections += grid.grid_section(analyses, Table, mib)  # precision x optimizer (sweep.optimizers)
     for ga in analyses:
         for section in GROUP_SECTIONS:
             sections += section(rep, ga)
     sections += unfinished_section(rep)
     title = "bert_mp precision sweep report"
-    atomic_write_text(root / "report.md", _md(sections, root, title))
-    atomic_write_text(root / "report.html", _html(sections, title))
+    atomic_write_text(root / "report.md", to_markdown(sections, root, title))
+    atomic_write_text(root / "report.html", to_html(sections, title))
     first = rep.first_summary
     out = {
         "sweep_dir": str(root),

@@ -133,8 +133,8 @@ def test_export_loads_with_plain_transformers_and_reproduces_logits(tmp_path):
 
 def test_bert_mp_export_rebuilds_the_model_from_a_checkpoint(tmp_path):
     from bert_mp.cli import main
-    from bert_mp.core.export import export_checkpoint
     from bert_mp.errors import ConfigError
+    from bert_mp.pretrain.export import export_checkpoint
 
     run, _ = _finished_run(tmp_path)
     final = load_file(str(run / "final" / "model.safetensors"))

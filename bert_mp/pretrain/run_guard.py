@@ -1,0 +1,50 @@
+"""Pretraining's run guard: :func:`bert_mp.core.run_guard.check_output_dir`, and a resume onto
+prepared data rebuilt with other bytes refused (unless ``train.allow_data_change``), before any
+work where that data exists already."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core import run_guard
+from bert_mp.errors import TrainingError
+
+
+def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
+    """:func:`bert_mp.core.run_guard.check_output_dir`, then (on a ``train`` resume) the data check."""
+    changes = run_guard.check_output_dir(cfg, section)
+    saved = Path(section.output_dir) / "config.yaml"  # without it, a resume starts afresh
+    if section.resume and saved.is_file() and not section.allow_data_change:
+        check_data_unchanged(cfg, Path(section.output_dir) / "checkpoints", section.resume)
+    return changes
+
+
+def data_change_error(resumed_from: Any, trained_on: str, data_path: Any, now: str) -> TrainingError:
+    """A resume onto prepared data whose bytes changed since the checkpoint (``prepare --force``)."""
+    return TrainingError(
+        f"train.resume: {resumed_from} was trained on data with fingerprint {trained_on}, but "
+        f"{data_path} now holds {now} (rebuilt, e.g. by prepare --force); prepare the original "
+        "data again, or set train.allow_data_change=true to continue on the new data"
+    )
+
+
+def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
+    """Before any work: refuse a resume whose prepared data now holds other bytes, where that data
+    is prepared already (the trainer checks again once it has prepared or loaded it), so that the
+    run folder is left as it was (config.yaml included)."""
+    from bert_mp.data.prepare import cache_path, is_complete
+
+    data = cache_path(cfg.data)
+    if not is_complete(data):
+        return
+    folder = ckpt.resolve_resume(resume, checkpoints, quiet=True)  # skipped ones are reported elsewhere
+    if folder is None:
+        return
+    state = ckpt.read_loop_state(folder)
+    trained_on = (state.get("meta") or {}).get("data_fingerprint")
+    now = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("fingerprint")
+    if trained_on and now and trained_on != now:
+        raise data_change_error(folder, trained_on, data, now)
