@@ -7,6 +7,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the loaded-machine warning adds a line to a command's output only when the machine is busy: off
+# for the suite (tests/unit/core/test_conditions.py turns it on where it tests it)
+os.environ.setdefault("BERT_MP_LOAD_WARNING", "0")
 
 CPU_MASK_ENV = "BERT_MP_CPU_MASK"  # bert_mp.precision.CPU_MASK_ENV (not imported here: see below)
 

@@ -49,10 +49,14 @@ def test_startup_line_names_processes_threads_accumulation_precision_device():
     )
 
 
-def test_load_warning_only_when_the_load_exceeds_the_cores():
+def test_load_warning_only_when_the_load_exceeds_the_cores(monkeypatch):
+    monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
     assert c.load_warning([1.9, 1.0, 1.0], 2) is None
     assert c.load_warning(None, 2) is None
     w = c.load_warning([3.2, 1.0, 1.0], 2)
+    monkeypatch.setenv(c.LOAD_WARNING_ENV, "0")
+    assert c.load_warning([3.2, 1.0, 1.0], 2) is None
+    monkeypatch.delenv(c.LOAD_WARNING_ENV)
     assert "3.2" in w and "2 cores" in w
 
 
@@ -70,6 +74,7 @@ def test_announce_start_prints_one_line_on_the_main_process_and_warns_when_loade
     from types import SimpleNamespace
 
     plan = SimpleNamespace(name="bf16", emulated=True)
+    monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
     monkeypatch.setattr(c, "load_average", lambda: [99.0, 1.0, 1.0])
     main = SimpleNamespace(num_processes=2, is_main_process=True, device=torch.device("cpu"))
     cond = c.announce_start(main, "train", 3, plan)
