@@ -15,15 +15,10 @@ from support import reset_accelerate as _reset_accelerate
 
 from bert_mp.core.config import load_config
 from bert_mp.errors import ConfigError, DataError, HardwareError
-from bert_mp.finetune.tasks import build_label_space
-from bert_mp.finetune.trainer import (
-    build_classifier,
-    check_vocab,
-    classification_metrics,
-    resolve_checkpoint,
-    run_finetune,
-    tokenize_split,
-)
+from bert_mp.finetune.metrics import classification_metrics
+from bert_mp.finetune.model import build_classifier, check_vocab, resolve_checkpoint
+from bert_mp.finetune.tasks import build_label_space, tokenize_split
+from bert_mp.finetune.trainer import run_finetune
 
 
 # --------------------------------------------------------------------------------------------------
