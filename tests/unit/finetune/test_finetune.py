@@ -250,6 +250,36 @@ def test_nonfinite_fp32_loss_stops_with_a_checkpoint(tmp_path, ckpt):
     assert (tmp_path / "out" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
 
 
+def test_epoch_sampler_follows_the_epoch_order_pretraining_uses():
+    import numpy as np
+
+    from bert_mp.core.epochs import epoch_order
+    from bert_mp.finetune.trainer import EpochSampler
+    from bert_mp.pretrain.batches import epoch_order as pretraining_order
+
+    sampler = EpochSampler(50, seed=3)
+    sampler.set_epoch(2)
+    assert pretraining_order is epoch_order and len(sampler) == 50
+    assert list(sampler) == epoch_order(50, 3, 2).tolist()
+    assert list(sampler) == np.random.default_rng([3, 2]).permutation(50).tolist()
+
+
+def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path, ckpt):
+    """As in pretraining, config.yaml is written after the restore: a resume that fails keeps the old one."""
+    from bert_mp.errors import TrainingError
+
+    cfg = load_config(None, _overrides(ckpt, tmp_path, max_steps=2, save_every=1, save_model=False))
+    run_finetune(cfg)
+    _reset_accelerate()
+    out = tmp_path / "out"
+    saved = (out / "config.yaml").read_bytes()
+    cfg.finetune.resume = str(out / "checkpoints" / "step_00000009")
+    cfg.finetune.learning_rate = 1e-3
+    with pytest.raises(TrainingError, match=r"^finetune\.resume=\S+step_00000009: cannot resume from it"):
+        run_finetune(cfg)
+    assert (out / "config.yaml").read_bytes() == saved
+
+
 @pytest.mark.signals  # a SIGTERM sent to this process from inside the step: ordered by construction
 def test_sigterm_then_resume_is_bit_identical(tmp_path, ckpt):
     """SIGTERM during step 4 (of 6 per epoch): the run saves and stops; resuming finishes the run with
