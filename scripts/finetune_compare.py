@@ -28,8 +28,10 @@ import torch
 from bert_mp.core.config import FinetuneConfig, load_config
 from bert_mp.core.io import atomic_write_json, atomic_write_text
 from bert_mp.core.precision import device_name, library_versions
+from bert_mp.finetune.metrics import classification_metrics
+from bert_mp.finetune.model import load_tokenizer, resolve_checkpoint
 from bert_mp.finetune.tasks import build_label_space, encode_labels, load_task
-from bert_mp.finetune.trainer import classification_metrics, load_tokenizer, resolve_checkpoint, run_finetune
+from bert_mp.finetune.trainer import run_finetune
 
 ROOT = Path(__file__).resolve().parent.parent
 INITS = ("pretrained", "random")

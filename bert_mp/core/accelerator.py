@@ -34,8 +34,11 @@ def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
     )
 
 
-def build_accelerator(plan: PrecisionPlan, output_dir: str | Path, log_with: list[str] = ()) -> Any:
-    """An ``Accelerator`` for ``plan`` with trackers under ``<output_dir>/trackers``; backend flags set."""
+def build_accelerator(
+    plan: PrecisionPlan, output_dir: str | Path, log_with: list[str] = (), key: str = "train.precision"
+) -> Any:
+    """An ``Accelerator`` for ``plan`` with trackers under ``<output_dir>/trackers``; backend flags set.
+    ``key`` is the loop's precision key, named in a refusal."""
     from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration
 
@@ -47,7 +50,7 @@ def build_accelerator(plan: PrecisionPlan, output_dir: str | Path, log_with: lis
     accelerator = Accelerator(
         cpu=cpu,
         # under DeepSpeed "no": the loop autocasts over fp32 weights (DeepSpeed's bf16 means bf16 weights)
-        mixed_precision=accelerate_mixed_precision(plan, distributed_type),
+        mixed_precision=accelerate_mixed_precision(plan, distributed_type, key),
         log_with=list(log_with) or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "trackers")),
         kwargs_handlers=plan.accelerate_kwargs_handlers(),

@@ -112,14 +112,15 @@ def uses_fsdp(accelerator: Any) -> bool:
     return getattr(_state(accelerator), "fsdp_plugin", None) is not None
 
 
-def accelerate_mixed_precision(plan: Any, distributed_type: str) -> str:
+def accelerate_mixed_precision(plan: Any, distributed_type: str, key: str = "train.precision") -> str:
     """``Accelerator(mixed_precision=...)`` for a plan: ``"no"`` under DeepSpeed (the loop autocasts;
-    DeepSpeed's bf16/fp16 would mean 16-bit weights), the plan's value otherwise."""
+    DeepSpeed's bf16/fp16 would mean 16-bit weights), the plan's value otherwise. ``key`` names the
+    loop's precision key in the error."""
     if distributed_type.upper().endswith("DEEPSPEED"):
         if getattr(plan, "use_scaler", False):
             raise ConfigError(
-                "train.precision=fp16 is not supported under DeepSpeed (its fp16 mode keeps fp16 weights "
-                "and its own loss scaler); use train.precision=bf16 or a DDP/FSDP config"
+                f"{key}=fp16 is not supported under DeepSpeed (its fp16 mode keeps fp16 weights "
+                f"and its own loss scaler); use {key}=bf16 or a DDP/FSDP config"
             )
         return "no"
     return plan.accelerate_mixed_precision

@@ -48,9 +48,10 @@ class RunLog:
         self.bar: Any = None
 
     def write_config(self) -> None:
-        """config.yaml: the resolved config, before any work (an old run is cleared first when the
-        section says ``overwrite_output_dir``; :func:`bert_mp.core.run_guard.check_output_dir` has
-        refused every other reuse of the folder)."""
+        """config.yaml: the resolved config, after the restore and before any step, so a refused
+        resume leaves the old one (an old run is cleared first when the section says
+        ``overwrite_output_dir``; :func:`bert_mp.core.run_guard.check_output_dir` has refused every
+        other reuse of the folder)."""
         if self.main:
             if self.section.overwrite_output_dir and not self.section.resume:
                 clear_run(self.out)

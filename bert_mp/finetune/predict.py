@@ -146,7 +146,7 @@ def score(
 ) -> dict[str, Any]:
     """Metrics over the complete rows (fine-tuning's row rules), counts of the others and of unseen
     labels; ``predicted`` is (class ids, whether each input was cut)."""
-    from bert_mp.finetune.trainer import classification_metrics, named_metrics
+    from bert_mp.finetune.metrics import classification_metrics, named_metrics
 
     ids, cut = predicted
     keep = [

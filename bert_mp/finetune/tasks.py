@@ -537,3 +537,33 @@ class TaskRecord:
             )
             raise DataError(f"{path}: {problem or 'not an object'} (written by another bert_mp version?)")
         return cls(**d)
+
+
+# --------------------------------------------------------------------------------------------------
+# tokenisation
+# --------------------------------------------------------------------------------------------------
+def tokenize_split(ds: Any, tokenizer: Any, max_length: int, has_pair: bool) -> tuple[Any, int]:
+    """Token ids for one split; texts longer than ``max_length`` are truncated and counted."""
+
+    def encode(batch: dict) -> dict:
+        texts = batch["text"]
+        pairs = batch["text_pair"] if has_pair else None
+        enc = tokenizer(texts, pairs, truncation=False, verbose=False)
+        long = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > max_length]
+        if long:
+            cut = tokenizer(
+                [texts[i] for i in long],
+                [pairs[i] for i in long] if pairs else None,
+                truncation=True,
+                max_length=max_length,
+            )
+            for j, i in enumerate(long):
+                for key in enc:
+                    enc[key][i] = cut[key][j]
+        enc["truncated"] = [i in set(long) for i in range(len(texts))]
+        return dict(enc)
+
+    keep = {"label_id"}
+    out = ds.map(encode, batched=True, remove_columns=[c for c in ds.column_names if c not in keep])
+    n_truncated = int(sum(out["truncated"]))
+    return out.remove_columns("truncated"), n_truncated

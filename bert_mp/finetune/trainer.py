@@ -1,27 +1,25 @@
-"""``bert-mp finetune``: sequence classification from an exported checkpoint, with plain transformers.
+"""``bert-mp finetune``: the fine-tuning loop, sequence classification with plain transformers.
 
-The checkpoint (a bert_mp ``final/`` folder, any BERT folder, or a Hub name) is loaded with
-``BertForSequenceClassification.from_pretrained``: the pretraining heads (``cls.*``) are left unused
-and only ``classifier.*`` is new, which the run records. Training follows the pretraining loop's
+The classifier comes from :mod:`bert_mp.finetune.model` (checkpoint and tokenizer resolution), the
+tokenised splits from :mod:`bert_mp.finetune.tasks`, evaluation and best-model selection from
+:mod:`bert_mp.finetune.metrics`; this module holds the loop. Training follows the pretraining loop's
 conventions - Accelerate, one precision plan from :mod:`bert_mp.core.precision`, fp32 loss, fp16 steps
 skipped by the scaler advance neither the scheduler nor the step count - on the training core it
 shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
-collapse), checkpoints and resume (``finetune.resume=latest``), SIGTERM handling and run log. It
-writes ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every
-``finetune.save_every`` steps) and ``final/`` (save_pretrained + tokenizer) into ``finetune.output_dir``.
+collapse), epoch order (:func:`bert_mp.core.epochs.epoch_order`), checkpoints and resume
+(``finetune.resume=latest``), SIGTERM handling and run log. It writes ``config.yaml``,
+``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every ``finetune.save_every``
+steps) and ``final/`` (save_pretrained + tokenizer) into ``finetune.output_dir``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
@@ -31,11 +29,10 @@ from bert_mp.core.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
-from bert_mp.core.export import finish_hf_folder, verify_export
+from bert_mp.core.epochs import epoch_order
+from bert_mp.core.export import finish_hf_folder
 from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.hold import hold
-from bert_mp.core.hub import resolve_hub_model
-from bert_mp.core.io import looks_like_local_path
 from bert_mp.core.loop import BatchGeometry, LoopState, exit_code, outcome_line, stop_on_signals
 from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
@@ -44,231 +41,27 @@ from bert_mp.core.runlog import RunLog
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError, TrainingError
+from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
+from bert_mp.finetune.model import (
+    ClassifierBuilder,
+    build_classifier,
+    check_vocab,
+    load_tokenizer,
+    resolve_checkpoint,
+    resolve_tokenizer,
+)
 from bert_mp.finetune.tasks import (
-    LabelSpace,
     TaskData,
     TaskRecord,
     build_label_space,
     encode_labels,
     load_task,
+    tokenize_split,
 )
-
-# Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
-# and the pooler when the checkpoint came from a model without one (e.g. BertForMaskedLM).
-_NEW_OK_PREFIXES = ("classifier.", "bert.pooler.")
-_WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-# A model's embedding table may be padded past its tokenizer (bert_mp rounds to 64, others to 128).
-_MAX_VOCAB_PADDING = 128
-
-
-# --------------------------------------------------------------------------------------------------
-# metrics (pure)
-# --------------------------------------------------------------------------------------------------
-def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> dict[str, Any]:
-    """Accuracy, macro-F1 and Matthews correlation, plus per-class F1.
-
-    Classes are those occurring in ``y_true`` or ``y_pred`` (scikit-learn's convention). The MCC is
-    Gorodkin's multi-class form, which equals the usual binary MCC for two classes.
-    """
-    n = len(y_true)
-    if n == 0:
-        return {"accuracy": None, "macro_f1": None, "mcc": None, "per_class_f1": {}, "examples": 0}
-    true_counts, pred_counts = Counter(y_true), Counter(y_pred)
-    tp = Counter(t for t, p in zip(y_true, y_pred) if t == p)
-    classes = sorted(set(true_counts) | set(pred_counts))
-    f1 = {}
-    for c in classes:
-        denom = true_counts[c] + pred_counts[c]
-        f1[c] = 2 * tp[c] / denom if denom else 0.0
-    correct = sum(tp.values())
-    cov_tp = correct * n - sum(true_counts[c] * pred_counts[c] for c in classes)
-    cov_pp = n * n - sum(v * v for v in pred_counts.values())
-    cov_tt = n * n - sum(v * v for v in true_counts.values())
-    mcc = cov_tp / math.sqrt(cov_pp * cov_tt) if cov_pp > 0 and cov_tt > 0 else 0.0
-    return {
-        "accuracy": correct / n,
-        "macro_f1": sum(f1.values()) / len(classes),
-        "mcc": mcc,
-        "per_class_f1": f1,
-        "examples": n,
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# checkpoint, tokenizer, model
-# --------------------------------------------------------------------------------------------------
-def resolve_checkpoint(ref: str | None) -> str:
-    """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early.
-
-    A reference that looks local and is no folder fails at once; any other gets one quick question to
-    the Hub (:func:`bert_mp.core.hub.resolve_hub_model`), never a wait on retries.
-    """
-    from transformers import AutoConfig
-
-    if not ref:
-        raise ConfigError(
-            "finetune.checkpoint: set it to an exported folder (e.g. runs/train/final), a BERT checkpoint "
-            "folder, or a Hub name such as google-bert/bert-base-uncased"
-        )
-    path = Path(ref).expanduser()
-    if not path.is_dir():
-        if path.exists() or looks_like_local_path(ref):
-            raise ConfigError(
-                f"finetune.checkpoint: {ref} is not a folder"
-                if path.exists()
-                else f"finetune.checkpoint: no such folder: {ref}"
-            )
-        found = resolve_hub_model(ref, "finetune.checkpoint")
-        if found == ref:
-            _check_model_type(ref, AutoConfig.from_pretrained(ref).model_type)
-            return ref
-        path = Path(found)  # the Hub is out of reach; its cached copy is a local folder
-    return _check_local_checkpoint(path, ref)
-
-
-def _check_local_checkpoint(path: Path, ref: str) -> str:
-    """A folder given as ``finetune.checkpoint``: config.json, weights, model type (a run folder: its final/)."""
-    if not (path / "config.json").is_file() and (path / "final" / "config.json").is_file():
-        path = path / "final"
-    if not (path / "config.json").is_file():
-        raise ConfigError(
-            f"finetune.checkpoint: {ref} is not a BERT checkpoint (no config.json); {_instead(path)}"
-        )
-    if not any((path / f).is_file() for f in _WEIGHT_FILES):
-        raise ConfigError(
-            f"finetune.checkpoint: {path} has a config.json but no weights ({', '.join(_WEIGHT_FILES[::2])})"
-        )
-    try:
-        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"finetune.checkpoint: {path}/config.json is not valid JSON ({e})") from None
-    _check_model_type(str(path), model_type)
-    verify_export(path, "finetune.checkpoint")
-    return str(path)
-
-
-def _instead(path: Path) -> str:
-    """What to point finetune.checkpoint at instead of a folder without config.json.
-
-    A training checkpoint (``<run>/checkpoints/step_N``) holds resumable state, not a model folder: name
-    the run's ``final/`` where it has one, else the command that exports the checkpoint.
-    """
-    if path.name.startswith("step_") or (path / "loop_state.json").is_file():
-        run = path.parent.parent
-        export = f"`bert-mp export {path}` writes this step as {run / ('export-' + path.name)}"
-        if (run / "final" / "config.json").is_file():
-            return f"it is a training checkpoint: use the run's export {run / 'final'}, or {export}"
-        return f"it is a training checkpoint: {export}; use that folder"
-    return "point it at a save_pretrained folder such as <train.output_dir>/final"
-
-
-def _check_model_type(ref: str, model_type: Any) -> None:
-    if model_type != "bert":
-        raise ConfigError(
-            f"finetune.checkpoint: {ref} is a {model_type!r} checkpoint; bert-mp finetune loads BERT (model_type bert)"
-        )
-
-
-def resolve_tokenizer(ref: str) -> str:
-    """``finetune.tokenizer``: a local folder, or a Hub name asked about once (as for the checkpoint)."""
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        return str(path)
-    if path.exists() or looks_like_local_path(ref):
-        raise ConfigError(f"finetune.tokenizer: no such folder: {ref}")
-    return resolve_hub_model(ref, "finetune.tokenizer", "tokenizer_config.json")
-
-
-def load_tokenizer(ref: str) -> Any:
-    """The tokenizer saved with the checkpoint (or named by finetune.tokenizer)."""
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(ref)
-    except (OSError, ValueError, TypeError) as e:
-        raise ConfigError(
-            f"no tokenizer could be loaded from {ref} ({str(e).splitlines()[0]}); set finetune.tokenizer to "
-            "the tokenizer the checkpoint was trained with"
-        ) from None
-    if tok.pad_token_id is None or tok.cls_token_id is None or tok.sep_token_id is None:
-        raise ConfigError(f"tokenizer {ref} lacks [PAD]/[CLS]/[SEP] tokens; it is not a BERT tokenizer")
-    return tok
-
-
-def check_vocab(tokenizer: Any, vocab_size: int, ckpt: str, tok_ref: str) -> None:
-    """The tokenizer must index the checkpoint's embeddings: same vocabulary, up to table padding."""
-    n = len(tokenizer)
-    if n > vocab_size or vocab_size - n > _MAX_VOCAB_PADDING:
-        raise ConfigError(
-            f"tokenizer {tok_ref} has {n} tokens but checkpoint {ckpt} has {vocab_size} embeddings: they do not "
-            "belong together; set finetune.tokenizer to the tokenizer the checkpoint was trained with"
-        )
-
-
-def build_classifier(ckpt: str, labels: LabelSpace, init: str, seed: int) -> tuple[Any, dict]:
-    """``BertForSequenceClassification`` from the checkpoint (or its architecture, freshly initialised).
-
-    Returns the model and the loading record: weights newly initialised and checkpoint weights unused.
-    """
-    from transformers import BertConfig, BertForSequenceClassification, set_seed
-
-    head = {"num_labels": labels.size, "id2label": labels.id2label(), "label2id": labels.label2id()}
-    set_seed(seed)
-    if init == "random":
-        model = BertForSequenceClassification(BertConfig.from_pretrained(ckpt, **head))
-        names = sorted(model.state_dict())
-        return model, {"init": "random", "newly_initialized": names, "unused": []}
-    model, info = BertForSequenceClassification.from_pretrained(
-        ckpt, **head, ignore_mismatched_sizes=True, output_loading_info=True
-    )
-    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", [])]
-    new = sorted(set(info["missing_keys"]) | set(mismatched))
-    bad = [k for k in new if not k.startswith(_NEW_OK_PREFIXES)]
-    if bad:
-        raise ConfigError(
-            f"finetune.checkpoint: {ckpt} lacks {len(bad)} encoder weights (e.g. {bad[0]}); it is not a "
-            "compatible BERT checkpoint"
-        )
-    return model, {"init": "pretrained", "newly_initialized": new, "unused": sorted(info["unexpected_keys"])}
-
-
-# --------------------------------------------------------------------------------------------------
-# data
-# --------------------------------------------------------------------------------------------------
-def tokenize_split(ds: Any, tokenizer: Any, max_length: int, has_pair: bool) -> tuple[Any, int]:
-    """Token ids for one split; texts longer than ``max_length`` are truncated and counted."""
-
-    def encode(batch: dict) -> dict:
-        texts = batch["text"]
-        pairs = batch["text_pair"] if has_pair else None
-        enc = tokenizer(texts, pairs, truncation=False, verbose=False)
-        long = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > max_length]
-        if long:
-            cut = tokenizer(
-                [texts[i] for i in long],
-                [pairs[i] for i in long] if pairs else None,
-                truncation=True,
-                max_length=max_length,
-            )
-            for j, i in enumerate(long):
-                for key in enc:
-                    enc[key][i] = cut[key][j]
-        enc["truncated"] = [i in set(long) for i in range(len(texts))]
-        return dict(enc)
-
-    keep = {"label_id"}
-    out = ds.map(encode, batched=True, remove_columns=[c for c in ds.column_names if c not in keep])
-    n_truncated = int(sum(out["truncated"]))
-    return out.remove_columns("truncated"), n_truncated
 
 
 class EpochSampler(Sampler[int]):
-    """A fresh permutation per epoch derived from (seed, epoch) only: reruns see the same order."""
+    """A fresh permutation per epoch (:func:`bert_mp.core.epochs.epoch_order`): reruns see the same order."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed, self.epoch = n, seed, 0
@@ -280,81 +73,7 @@ class EpochSampler(Sampler[int]):
         return self.n
 
     def __iter__(self) -> Iterator[int]:
-        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
-
-
-# --------------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------------
-def evaluate(model: Any, loader: Any, accelerator: Any, plan: Any, num_labels: int) -> dict[str, Any]:
-    """Loss (over labels the model knows) and classification metrics on one split."""
-    model.eval()
-    preds, trues, loss_sum, loss_n = [], [], 0.0, 0
-    with torch.no_grad():
-        for batch in loader:
-            labels = batch.pop("labels")
-            with plan.autocast():
-                logits = model(**batch).logits
-            logits = logits.float()
-            known = labels < num_labels
-            if known.any():
-                loss_sum += float(F.cross_entropy(logits[known], labels[known], reduction="sum"))
-                loss_n += int(known.sum())
-            p, t = accelerator.gather_for_metrics((logits.argmax(-1), labels))
-            preds += p.tolist()
-            trues += t.tolist()
-    model.train()
-    totals = accelerator.reduce(torch.tensor([loss_sum, loss_n], device=accelerator.device), "sum").tolist()
-    out = classification_metrics(trues, preds)
-    out["loss"] = totals[0] / totals[1] if totals[1] else None
-    return out
-
-
-def _log_view(prefix: str, m: dict[str, Any]) -> dict[str, Any]:
-    return {f"{prefix}/{k}": m[k] for k in ("loss", "accuracy", "macro_f1", "mcc")}
-
-
-def named_metrics(m: dict[str, Any], names: dict[int, str]) -> dict[str, Any]:
-    """Metrics with per-class F1 keyed by label name (``unseen:<label>`` for labels train never had)."""
-    out = dict(m)
-    out["per_class_f1"] = {names[c]: v for c, v in m["per_class_f1"].items()}
-    return out
-
-
-class BestValidation:
-    """The best validation so far (macro-F1) and, with ``select_best``, a CPU copy of its weights.
-
-    Registered with Accelerate for checkpointing, so a resumed run selects from the whole run.
-    """
-
-    def __init__(self, keep_weights: bool):
-        self.keep_weights = keep_weights
-        self.step: int | None = None
-        self.metrics: dict[str, Any] | None = None
-        self.weights: dict[str, torch.Tensor] | None = None
-        self.last_eval_step = -1
-
-    def offer(self, step: int, metrics: dict[str, Any], model: Any) -> None:
-        if self.metrics is None or metrics["macro_f1"] > self.metrics["macro_f1"]:
-            self.step, self.metrics = step, metrics
-            if self.keep_weights:
-                self.weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "metrics": self.metrics,
-            "weights": self.weights,
-            "last": self.last_eval_step,
-        }
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.step, self.metrics, self.weights = d["step"], d["metrics"], d["weights"]
-        self.last_eval_step = d["last"]
-
-
-ClassifierBuilder = Callable[..., tuple[Any, dict]]
-"""``build_classifier(checkpoint, labels, init, seed) -> (model, loading record)``."""
+        return iter(epoch_order(self.n, self.seed, self.epoch).tolist())
 
 
 class FineTuner:
@@ -371,6 +90,7 @@ class FineTuner:
         """Set up, restore, then step until done; select, test, export and finish."""
         self.set_up()
         self.restore()
+        self.log.write_config()  # after the restore, as in pretraining: a refused resume leaves config.yaml
         self.start()
         try:
             with stop_on_signals(self.state):
@@ -409,9 +129,8 @@ class FineTuner:
         self.load_task()
         model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
         self.tokenize()
-        self.accelerator = build_accelerator(self.plan, ft.output_dir)
+        self.accelerator = build_accelerator(self.plan, ft.output_dir, key="finetune.precision")
         self.log = RunLog(self.accelerator, self.cfg, ft)
-        self.log.write_config()
         self.build_parts(model)
 
     def load_task(self) -> None:
@@ -582,11 +301,11 @@ class FineTuner:
             self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
         )
         self.log.write(
-            {"step": step, "kind": "eval", "epoch": step / self.steps_per_epoch, **_log_view("validation", m)}
+            {"step": step, "kind": "eval", "epoch": step / self.steps_per_epoch, **log_view("validation", m)}
         )
         self.log.say(
-            f"bert-mp finetune: step {step} validation: loss {_fmt(m['loss'])}, accuracy {_fmt(m['accuracy'])}, "
-            f"macro-F1 {_fmt(m['macro_f1'])}"
+            f"bert-mp finetune: step {step} validation: loss {fmt(m['loss'])}, accuracy {fmt(m['accuracy'])}, "
+            f"macro-F1 {fmt(m['macro_f1'])}"
         )
         self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
 
@@ -620,7 +339,7 @@ class FineTuner:
             test = evaluate(
                 self.model, self.eval_loaders["test"], self.accelerator, self.plan, self.labels.size
             )
-            self.log.write({"step": self.state.step, "kind": "test", **_log_view("test", test)})
+            self.log.write({"step": self.state.step, "kind": "test", **log_view("test", test)})
         final_dir = self.export(inner, final_val, test) if self.ft.save_model else None
         return self.finish("completed", final_val, test, final_dir)
 
@@ -681,8 +400,8 @@ class FineTuner:
             "task": f"{self.task.name}: {labels.size} labels ({', '.join(map(str, labels.names[:8]))})",
             "steps": f"{self.state.step} optimizer steps of {ft.batch_size} examples, max {ft.max_seq_length} tokens",
             "precision": self.plan.name,
-            "validation macro-F1": _fmt((final_val or {}).get("macro_f1")),
-            "test macro-F1": _fmt((test or {}).get("macro_f1")),
+            "validation macro-F1": fmt((final_val or {}).get("macro_f1")),
+            "test macro-F1": fmt((test or {}).get("macro_f1")),
         }
 
     def finish(
@@ -759,10 +478,6 @@ def run_finetune(cfg: Config, *, build_classifier: ClassifierBuilder = build_cla
     return FineTuner(cfg, build_classifier).run()
 
 
-def _fmt(v: Any) -> str:
-    return "n/a" if v is None else f"{v:.4f}"
-
-
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp finetune [CONFIG.yaml] [key=value ...]``."""
     cfg = load_config(config_path, overrides)
@@ -778,7 +493,7 @@ def command(config_path: str | None, overrides: list[str]) -> int:
         m = s[split]
         if m:
             console.show(
-                f"  {split:<10} accuracy {_fmt(m['accuracy'])}  macro-F1 {_fmt(m['macro_f1'])}  MCC {_fmt(m['mcc'])}"
+                f"  {split:<10} accuracy {fmt(m['accuracy'])}  macro-F1 {fmt(m['macro_f1'])}  MCC {fmt(m['mcc'])}"
                 f"  ({m['examples']} examples)"
             )
     console.show(f"  -> {cfg.finetune.output_dir}")

@@ -5,13 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from torch.utils.data import Dataset
 
-
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The permutation of a split's indices for one epoch, a function of (seed, epoch) only."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
+from bert_mp.core.epochs import epoch_order
 
 
 class IndexedSplit(Dataset):

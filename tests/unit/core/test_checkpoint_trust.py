@@ -303,8 +303,8 @@ def test_naming_a_damaged_checkpoint_is_refused_and_latest_falls_back(tmp_path, 
 def test_an_export_is_verified_before_it_is_loaded_again(tmp_path, finished):
     from bert_mp.core.config import ModelConfig
     from bert_mp.errors import ConfigError
+    from bert_mp.finetune.model import resolve_checkpoint
     from bert_mp.finetune.predict import load_classifier
-    from bert_mp.finetune.trainer import resolve_checkpoint
     from bert_mp.model.bert import check_init_from
 
     final = tmp_path / "final"

@@ -232,6 +232,8 @@ def test_configure_deepspeed_fills_the_accelerate_yaml_plugin():
     fp16 = SimpleNamespace(use_scaler=True, accelerate_mixed_precision="fp16")
     with pytest.raises(ConfigError, match="DeepSpeed"):
         accelerate_mixed_precision(fp16, "DEEPSPEED")
+    with pytest.raises(ConfigError, match=r"^finetune\.precision=fp16 .*use finetune\.precision=bf16"):
+        accelerate_mixed_precision(fp16, "DEEPSPEED", "finetune.precision")
     assert accelerate_mixed_precision(fp16, "MULTI_GPU") == "fp16"
 
 

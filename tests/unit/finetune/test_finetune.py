@@ -15,15 +15,10 @@ from support import reset_accelerate as _reset_accelerate
 
 from bert_mp.core.config import load_config
 from bert_mp.errors import ConfigError, DataError, HardwareError
-from bert_mp.finetune.tasks import build_label_space
-from bert_mp.finetune.trainer import (
-    build_classifier,
-    check_vocab,
-    classification_metrics,
-    resolve_checkpoint,
-    run_finetune,
-    tokenize_split,
-)
+from bert_mp.finetune.metrics import classification_metrics
+from bert_mp.finetune.model import build_classifier, check_vocab, resolve_checkpoint
+from bert_mp.finetune.tasks import build_label_space, tokenize_split
+from bert_mp.finetune.trainer import run_finetune
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,6 +248,36 @@ def test_nonfinite_fp32_loss_stops_with_a_checkpoint(tmp_path, ckpt):
     ):
         run_finetune(cfg, build_classifier=poison)
     assert (tmp_path / "out" / "checkpoints" / "step_00000002" / "COMPLETE").is_file()
+
+
+def test_epoch_sampler_follows_the_epoch_order_pretraining_uses():
+    import numpy as np
+
+    from bert_mp.core.epochs import epoch_order
+    from bert_mp.finetune.trainer import EpochSampler
+    from bert_mp.pretrain.batches import epoch_order as pretraining_order
+
+    sampler = EpochSampler(50, seed=3)
+    sampler.set_epoch(2)
+    assert pretraining_order is epoch_order and len(sampler) == 50
+    assert list(sampler) == epoch_order(50, 3, 2).tolist()
+    assert list(sampler) == np.random.default_rng([3, 2]).permutation(50).tolist()
+
+
+def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path, ckpt):
+    """As in pretraining, config.yaml is written after the restore: a resume that fails keeps the old one."""
+    from bert_mp.errors import TrainingError
+
+    cfg = load_config(None, _overrides(ckpt, tmp_path, max_steps=2, save_every=1, save_model=False))
+    run_finetune(cfg)
+    _reset_accelerate()
+    out = tmp_path / "out"
+    saved = (out / "config.yaml").read_bytes()
+    cfg.finetune.resume = str(out / "checkpoints" / "step_00000009")
+    cfg.finetune.learning_rate = 1e-3
+    with pytest.raises(TrainingError, match=r"^finetune\.resume=\S+step_00000009: cannot resume from it"):
+        run_finetune(cfg)
+    assert (out / "config.yaml").read_bytes() == saved
 
 
 @pytest.mark.signals  # a SIGTERM sent to this process from inside the step: ordered by construction
