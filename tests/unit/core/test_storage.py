@@ -102,6 +102,7 @@ def test_prepare_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeyp
     from datasets import DatasetDict
 
     from bert_mp.data import prepare as prep
+    from bert_mp.data.prepare import build as prep_build
 
     corpus = write_corpus(tmp_path / "corpus.txt", n_docs=40)
     cfg = load_config(
@@ -123,9 +124,9 @@ def test_prepare_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeyp
 
         monkeypatch.setattr(DatasetDict, "save_to_disk", save_to_disk)
     else:
-        real_json = prep.atomic_write_json
+        real_json = prep_build.atomic_write_json
         monkeypatch.setattr(
-            prep,
+            prep_build,
             "atomic_write_json",
             lambda p, o: (
                 (_ for _ in ()).throw(_enospc()) if Path(p).name == "stats.json" else real_json(p, o)
