@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from bert_mp.core import console
+from bert_mp.core import console, storage
 from bert_mp.core.config import Config, load_config, save_config
 from bert_mp.core.io import atomic_write_json
 from bert_mp.core.loop import interrupts_in_this_process_only
@@ -132,7 +132,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                 save_config(data_only(cfg), tmp / "config.yaml")
                 atomic_write_json(tmp / "stats.json", stats)
                 (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-                _publish(tmp, final)
+                storage.replace_folder(tmp, final)
             except BaseException as e:
                 if caught.signum is None:
                     refused = _refused_write(e, final, tmp, was_complete)
@@ -150,8 +150,6 @@ def prepare(cfg: Config, force: bool = False) -> Path:
 
 def _refused_write(e: BaseException, final: Path, tmp: Path, was_complete: bool) -> BaseException | None:
     """A build the disk refused (full, read-only, I/O error) as one line, else None (re-raise ``e``)."""
-    from bert_mp.core import storage
-
     if not isinstance(e, Exception) or storage.write_failure(e) is None:
         return None
     written, left = storage.human_bytes(storage.folder_bytes(tmp)), _left_behind(final, tmp, was_complete)
@@ -169,19 +167,10 @@ def _refused_write(e: BaseException, final: Path, tmp: Path, was_complete: bool)
 def _left_behind(final: Path, tmp: Path, was_complete: bool) -> str:
     """What an interrupted :func:`prepare` leaves at ``final`` (its temporary folder is removed)."""
     if not is_complete(final):
-        if was_complete:  # the signal came between the two renames of _publish
+        if was_complete:  # the signal came between the two renames of replace_folder
             return f"{final} removed while its older copy was being replaced; run prepare again"
         return f"nothing written to {final}"
     return f"{final} kept as it was" if tmp.exists() else f"{final} was complete before the signal"
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename the finished ``tmp`` folder to ``final``, replacing an older copy."""
-    if final.exists():
-        old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-        final.rename(old)
-        shutil.rmtree(old, ignore_errors=True)
-    tmp.rename(final)
 
 
 def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:

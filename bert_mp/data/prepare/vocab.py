@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from bert_mp.core.config import DataConfig
 from bert_mp.core.hold import hold
+from bert_mp.core.storage import write_folder_atomically
 from bert_mp.data.prepare.blocks import take_texts
 from bert_mp.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 
@@ -50,18 +51,21 @@ def tokenizer_cache_path(data: DataConfig, text_digest: str) -> Path:
 
 
 def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
+    """The tokenizer saved into ``path`` through a temporary folder named for this process (an error
+    or a Ctrl-C removes it; a SIGTERM, which does not unwind, has :func:`_remove_own_tokenizer_tmp`)."""
+
+    def write(tmp: Path) -> None:
         save_tokenizer(tokenizer, tmp)
         hold("tokenizer", "written")  # tests only: stop here until signalled
-        if path.exists():
-            old = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
-            path.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        tmp.rename(path)
-    except BaseException:  # an error or a Ctrl-C: no half-written tokenizer stays behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_folder_atomically(
+        path,
+        write,
+        "the tokenizer",
+        None,
+        lambda: "free disk space and run bert-mp prepare again",
+        tmp=path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    )
 
 
 def _remove_own_tokenizer_tmp(data: DataConfig) -> None:
