@@ -1,6 +1,6 @@
 """Splits, blocks and pairing: documents to train/validation by a hash of their index, each split cut
 into blocks of about ``data.pairing_block_chars`` characters, and a block turned into its examples
-(:class:`_BlockPairer`: sentences marked and tokenized, NSP pairs or packed sequences, static masking).
+(:class:`BlockPairer`: sentences marked and tokenized, NSP pairs or packed sequences, static masking).
 All randomness derives from (seed, split, dupe, block index), so a block's rows never depend on
 which process built it.
 """
@@ -19,7 +19,7 @@ from bert_mp.core.config import DataConfig
 from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
 from bert_mp.data.packing import pack_documents
 from bert_mp.data.pairs import NspBalance, PairParams, PairStats, block_pairs, build_examples
-from bert_mp.data.prepare.stats import _sum_block_stats
+from bert_mp.data.prepare.stats import sum_block_stats
 from bert_mp.data.segment import (
     build_marker,
     count_markers,
@@ -152,7 +152,7 @@ class Tokens:
         tok = Tokens(
             np.concatenate([t.flat for t in toks]), np.concatenate([t.doc_lens for t in toks]), marker_ids
         )
-        return tok, _sum_block_stats([st for _, st in parts])
+        return tok, sum_block_stats([st for _, st in parts])
 
 
 _ENCODE_BATCH = 256
@@ -160,7 +160,7 @@ _ENCODE_BATCH = 256
 Encoding of the block alive at once) than a few hundred at a time."""
 
 
-class _BlockPairer:
+class BlockPairer:
     """One block of documents in, its examples (an Arrow table) and its statistics out."""
 
     def __init__(self, docs: Any, tokenizer: Any, data: DataConfig):

@@ -23,12 +23,12 @@ from bert_mp.core.loop import interrupts_in_this_process_only
 from bert_mp.data import allocator
 from bert_mp.data.corpus import describe_source
 from bert_mp.data.fingerprint import folder_fingerprint
-from bert_mp.data.prepare.blocks import _BlockPairer, assign_splits, make_blocks
+from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
 from bert_mp.data.prepare.cache import cache_path, is_complete
-from bert_mp.data.prepare.pool import _pair_blocks
-from bert_mp.data.prepare.read import _read_documents, first_occurrences
-from bert_mp.data.prepare.stats import _collect_stats, _warnings, print_summary
-from bert_mp.data.prepare.vocab import _remove_own_tokenizer_tmp, _tokenizer_for
+from bert_mp.data.prepare.pool import pair_blocks
+from bert_mp.data.prepare.read import first_occurrences, read_documents
+from bert_mp.data.prepare.stats import collect_stats, print_summary, stats_warnings
+from bert_mp.data.prepare.vocab import remove_own_tokenizer_tmp, tokenizer_for
 from bert_mp.data.tokenizer import save_tokenizer
 from bert_mp.errors import DataError, Interrupted
 
@@ -44,7 +44,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     t_start = time.perf_counter()
 
     t = time.perf_counter()
-    docs, read_stats = _read_documents(data, work)
+    docs, read_stats = read_documents(data, work)
     timings["read"] = time.perf_counter() - t
 
     n_docs = len(docs)
@@ -69,12 +69,12 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
 
     t = time.perf_counter()
-    tokenizer, tokenizer_from = _tokenizer_for(data, docs, split_docs[0], force)
+    tokenizer, tokenizer_from = tokenizer_for(data, docs, split_docs[0], force)
     timings["tokenizer"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    pairer = _BlockPairer(docs, tokenizer, data)
-    splits, block_stats = _pair_blocks(pairer, blocks, chars, data, work)
+    pairer = BlockPairer(docs, tokenizer, data)
+    splits, block_stats = pair_blocks(pairer, blocks, chars, data, work)
     timings["split_tokenize_pair"] = time.perf_counter() - t
 
     if len(splits["train"]) == 0 and data.objective == "mlm":
@@ -94,7 +94,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     save_tokenizer(tokenizer, out / "tokenizer")
     timings["write"] = time.perf_counter() - t
 
-    stats = _collect_stats(
+    stats = collect_stats(
         data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, time.perf_counter() - t_start
     )
     shutil.rmtree(work, ignore_errors=True)
@@ -116,7 +116,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     def on_exit(signum: int) -> None:  # SIGTERM (or a second Ctrl-C): the process exits right after
         detail = _left_behind(final, tmp, was_complete)
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_own_tokenizer_tmp(data)
+        remove_own_tokenizer_tmp(data)
         if console.is_main_process():  # named for the command run (train, when it prepares first)
             print(Interrupted(signum, detail).line(console.command("prepare")), file=sys.stderr)
 
@@ -126,7 +126,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                 tmp.mkdir()
                 with allocator.tuned():
                     stats = _build(cfg, tmp, force)
-                stats["warnings"] = _warnings(stats, data)
+                stats["warnings"] = stats_warnings(stats, data)
                 stats["fingerprint"] = folder_fingerprint(tmp)
                 _say_if_rebuilt_differently(final, stats["fingerprint"])
                 save_config(data_only(cfg), tmp / "config.yaml")

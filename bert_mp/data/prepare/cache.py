@@ -33,6 +33,7 @@ def cache_path(data: DataConfig) -> Path:
 
 
 def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds a finished build (its ``COMPLETE`` marker is written last)."""
     return (Path(path) / "COMPLETE").is_file()
 
 

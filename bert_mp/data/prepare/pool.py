@@ -1,4 +1,4 @@
-"""The pairing pool: every block of both splits through :class:`~bert_mp.data.prepare.blocks._BlockPairer`,
+"""The pairing pool: every block of both splits through :class:`~bert_mp.data.prepare.blocks.BlockPairer`,
 in this process or in ``data.num_proc`` worker processes (longest job first), joined in (split, block)
 order so the rows are the same for any ``num_proc``.
 """
@@ -14,13 +14,13 @@ import pyarrow as pa
 
 from bert_mp.core.config import DataConfig
 from bert_mp.core.hold import hold
-from bert_mp.data.prepare.blocks import Tokens, _BlockPairer
+from bert_mp.data.prepare.blocks import BlockPairer, Tokens
 from bert_mp.data.prepare.cache import SPLITS
-from bert_mp.data.prepare.read import _arrow_stream, _stop_pool
+from bert_mp.data.prepare.read import arrow_stream, stop_pool
 from bert_mp.errors import DataError
 
 
-def _init_pair_worker(pairer: _BlockPairer, blocks: dict, out_dir: Path) -> None:
+def _init_pair_worker(pairer: BlockPairer, blocks: dict, out_dir: Path) -> None:
     global _PAIR_WORKER
     _PAIR_WORKER = (pairer, blocks, out_dir)
 
@@ -36,13 +36,13 @@ def _pair_job(split: int, block: int, parts: list[tuple[Tokens, dict]] | None = 
     pairer, blocks, out_dir = _PAIR_WORKER
     table, st = pairer(split, block, blocks[split][block], parts)
     path = _block_file(out_dir, split, block)
-    with _arrow_stream(path, pairer.schema) as writer:
+    with arrow_stream(path, pairer.schema) as writer:
         writer.write_table(table)
     return st
 
 
 def _tokens_job(split: int, block: int, doc_ids: np.ndarray) -> tuple[Tokens, dict]:
-    """A run of a block's documents encoded in a worker: :meth:`_BlockPairer.tokens`, sent back."""
+    """A run of a block's documents encoded in a worker: :meth:`BlockPairer.tokens`, sent back."""
     assert _PAIR_WORKER is not None, "a tokens job outside a pairing worker"
     return _PAIR_WORKER[0].tokens(split, block, doc_ids)
 
@@ -93,8 +93,8 @@ def _pool_context() -> Any:
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
 
 
-def _pair_blocks(
-    pairer: _BlockPairer, blocks: dict[int, list[np.ndarray]], chars: np.ndarray, data: DataConfig, work: Path
+def pair_blocks(
+    pairer: BlockPairer, blocks: dict[int, list[np.ndarray]], chars: np.ndarray, data: DataConfig, work: Path
 ) -> tuple[dict, dict[int, list[dict]]]:
     """Every block of both splits paired; returns the split datasets and each split's block statistics.
 
@@ -118,7 +118,7 @@ def _pair_blocks(
     with tqdm(total=len(keys), desc=f"pairing ({counts} blocks)", unit=" blocks", dynamic_ncols=True) as bar:
         if num_proc <= 1:
             for s, path in enumerate(split_files):
-                with _arrow_stream(path, pairer.schema) as writer:
+                with arrow_stream(path, pairer.schema) as writer:
                     for b, doc_ids in enumerate(blocks[s]):
                         table, stats[s, b] = pairer(s, b, doc_ids)
                         writer.write_table(table)
@@ -181,20 +181,20 @@ def _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats,
                         futures[nxt] = (key, None)
                         pending.add(nxt)
         except BrokenProcessPool:
-            _stop_pool(pool)
+            stop_pool(pool)
             raise DataError(
                 "a pairing worker process ended abruptly (killed, e.g. by the out-of-memory killer); "
                 f"with data.num_proc={num_proc} each worker holds one block of data.pairing_block_chars "
                 "characters: lower data.num_proc or data.pairing_block_chars"
             ) from None
         except BaseException:  # an error or an interruption: end the workers now
-            _stop_pool(pool)
+            stop_pool(pool)
             raise
 
 
 def _join_block_files(files: list[Path], out: Path, schema: pa.Schema) -> None:
     """The block files' record batches, in order, into one Arrow stream file; each removed once copied."""
-    with _arrow_stream(out, schema) as writer:
+    with arrow_stream(out, schema) as writer:
         for path in files:
             with pa.memory_map(str(path)) as src:
                 for batch in pa.ipc.open_stream(src):

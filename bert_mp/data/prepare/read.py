@@ -28,7 +28,7 @@ from bert_mp.errors import DataError
 
 
 @contextlib.contextmanager
-def _arrow_stream(path: str | Path, schema: pa.Schema) -> Iterator[pa.ipc.RecordBatchStreamWriter]:
+def arrow_stream(path: str | Path, schema: pa.Schema) -> Iterator[pa.ipc.RecordBatchStreamWriter]:
     """A writer of the Arrow stream file ``path`` (the format ``Dataset.from_file`` memory-maps)."""
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         yield writer
@@ -87,7 +87,7 @@ def _read_job(data: DataConfig, paths: list[str] | None, out: str) -> ReadStats:
     batch: list[str] = []
     size = 0
     schema = _HASHED_SCHEMA if data.dedupe else _TEXT_SCHEMA
-    with _arrow_stream(out, schema) as writer:
+    with arrow_stream(out, schema) as writer:
 
         def flush() -> None:
             cols = [pa.array(batch, pa.string())]
@@ -118,7 +118,7 @@ def _file_groups(paths: list[Path], jobs: int) -> list[list[str]]:
     return [[str(p) for p in paths[lo:hi]] for lo, hi in itertools.pairwise(bounds)]
 
 
-def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
+def read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     """The corpus as a one-column (``text``) memory-mapped Arrow Dataset; counts in ReadStats.
 
     Files are read by up to ``num_proc`` processes, each a contiguous run of the file list into
@@ -165,7 +165,7 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
                         time.sleep(0.1)
                         bar.update(counter.value - bar.n)
                 except BaseException:  # an interruption: end the readers now, not when they finish
-                    _stop_pool(pool)
+                    stop_pool(pool)
                     raise
                 try:
                     parts = [f.result() for f in futures]  # the first failing run (in file order) raises
@@ -188,7 +188,7 @@ def _read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     return (docs[0] if len(docs) == 1 else concatenate_datasets(docs)), stats
 
 
-def _stop_pool(pool: Any) -> None:
+def stop_pool(pool: Any) -> None:
     """Cancel a ProcessPoolExecutor's queued jobs and terminate its workers (Python 3.14 has
     ``terminate_workers``; before, the workers are reached through ``_processes``)."""
     if hasattr(pool, "terminate_workers"):

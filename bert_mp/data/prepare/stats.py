@@ -33,7 +33,8 @@ def _length_summary(column: Any, max_len: int) -> tuple[int, int, dict[str, int]
     return n, total, hist
 
 
-def _sum_block_stats(blocks: list[dict]) -> dict:
+def sum_block_stats(blocks: list[dict]) -> dict:
+    """Block statistics (nested dicts of counts) summed key by key."""
     total: dict[str, Any] = {}
 
     def add(dst: dict, src: dict) -> None:
@@ -72,11 +73,12 @@ def _masking_stats(m: dict) -> dict:
     }
 
 
-def _collect_stats(data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, elapsed) -> dict:
+def collect_stats(data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, elapsed) -> dict:
+    """``stats.json``'s content: the source and settings, then each split's figures from its blocks."""
     nsp = data.objective == "nsp"
     per_split = {}
     for s, name in enumerate(SPLITS):
-        blk = _sum_block_stats(block_stats[s])
+        blk = sum_block_stats(block_stats[s])
         ds = dd[name]
         examples, example_tokens, histogram = _length_summary(
             ds.data.table.column("input_ids"), data.max_seq_length
@@ -197,7 +199,9 @@ def _validation_warning(stats: dict, data: DataConfig) -> str | None:
     )
 
 
-def _warnings(stats: dict, data: DataConfig) -> list[str]:
+def stats_warnings(stats: dict, data: DataConfig) -> list[str]:
+    """The warnings ``stats.json`` records and the summary prints: NSP balance, a small validation
+    split, skipped or repaired input, the masking cap."""
     out = [
         w
         for w in (
@@ -263,7 +267,7 @@ def print_summary(stats: dict, path: Path) -> None:
         lines.append(_truncation_line(stats))
     else:
         lines.append("  objective mlm: packed sequences, no NSP labels (the NSP loss is not trained)")
-    written = _sum_block_stats([v["special_tokens_in_text"] for v in stats["per_split"].values()])
+    written = sum_block_stats([v["special_tokens_in_text"] for v in stats["per_split"].values()])
     if written:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(written.items()))
         lines.append(f"  special tokens written in the text (tokenized as text, not as specials): {counts}")

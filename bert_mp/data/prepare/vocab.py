@@ -52,7 +52,7 @@ def tokenizer_cache_path(data: DataConfig, text_digest: str) -> Path:
 
 def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
     """The tokenizer saved into ``path`` through a temporary folder named for this process (an error
-    or a Ctrl-C removes it; a SIGTERM, which does not unwind, has :func:`_remove_own_tokenizer_tmp`)."""
+    or a Ctrl-C removes it; a SIGTERM, which does not unwind, has :func:`remove_own_tokenizer_tmp`)."""
 
     def write(tmp: Path) -> None:
         save_tokenizer(tokenizer, tmp)
@@ -68,7 +68,7 @@ def _publish_tokenizer(tokenizer: Any, path: Path) -> None:
     )
 
 
-def _remove_own_tokenizer_tmp(data: DataConfig) -> None:
+def remove_own_tokenizer_tmp(data: DataConfig) -> None:
     """A SIGTERM exits at once, without unwinding: remove this process's temporary tokenizer folder."""
     for tmp in (Path(data.cache_dir) / "tokenizers").glob(f".tmp-*-{os.getpid()}-*"):
         shutil.rmtree(tmp, ignore_errors=True)
@@ -78,7 +78,7 @@ _PAIR_WORKER: tuple | None = None
 """``(pairer, blocks, out_dir)`` in a pairing worker process (:func:`_init_pair_worker`)."""
 
 
-def _tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: bool) -> tuple[Any, str]:
+def tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: bool) -> tuple[Any, str]:
     """``data.tokenizer`` loaded, or a WordPiece tokenizer trained on the training documents (kept
     and reused by every data config with the same training text: :func:`tokenizer_cache_path`);
     and where it came from, for ``stats.json``."""

@@ -496,14 +496,14 @@ def test_parallel_read_error_names_the_file(tmp_path, prepared):
     __import__("multiprocessing").get_start_method() != "fork", reason="the patch reaches forked readers only"
 )
 def test_a_reader_process_that_dies_ends_prepare_with_a_data_error(tmp_path, monkeypatch, prepared):
-    real = prep_read._arrow_stream
+    real = prep_read.arrow_stream
 
     def stream(path, schema):  # the first reader dies as it opens its output (forked: inherited)
         if Path(path).name == "part-00000.arrow":
             os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
         return real(path, schema)
 
-    monkeypatch.setattr(prep_read, "_arrow_stream", stream)
+    monkeypatch.setattr(prep_read, "arrow_stream", stream)
     monkeypatch.setattr(prep_read, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
     folder = _multi_file_corpus(tmp_path / "many")
     cfg = _cfg(tmp_path, folder, f"data.tokenizer={prepared.path / 'tokenizer'}", "data.num_proc=2")
@@ -528,7 +528,7 @@ def _pooled_cfg(tmp_path, corpus, prepared):
 def _failing_block(monkeypatch, how):
     """Block 1 of the training split fails in the pairing worker that takes it (forked: the patch
     is inherited)."""
-    real = prep_blocks._BlockPairer.__call__
+    real = prep_blocks.BlockPairer.__call__
 
     def call(self, split, block, doc_ids, parts=None):
         if (split, block) == (0, 1):
@@ -537,7 +537,7 @@ def _failing_block(monkeypatch, how):
             os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
         return real(self, split, block, doc_ids, parts)
 
-    monkeypatch.setattr(prep_blocks._BlockPairer, "__call__", call)
+    monkeypatch.setattr(prep_blocks.BlockPairer, "__call__", call)
 
 
 @pytest.mark.parametrize("how", ["raise", "die"])
@@ -556,7 +556,7 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
     """The two workers start on the two blocks with the most characters (the rest follow as they
     finish), so a long block never starts last; each worker appends what it starts to a file."""
     log = tmp_path / "started.txt"
-    real = prep_blocks._BlockPairer.__call__
+    real = prep_blocks.BlockPairer.__call__
 
     def call(self, split, block, doc_ids, parts=None):
         chars = sum(map(len, prep.take_texts(self.docs.data.table, doc_ids)))
@@ -564,7 +564,7 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
             f.write(f"{chars}\n")
         return real(self, split, block, doc_ids, parts)
 
-    monkeypatch.setattr(prep_blocks._BlockPairer, "__call__", call)
+    monkeypatch.setattr(prep_blocks.BlockPairer, "__call__", call)
     cfg = _pooled_cfg(tmp_path, corpus, prepared)
     prep.prepare(cfg)
     started = [int(x) for x in log.read_text().split()]
