@@ -23,7 +23,7 @@ from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
 COMMANDS = {
     "prepare": (
-        "bert_mp.data.prepare",
+        "bert_mp.data.prepare.build",
         "command",
         "raw text -> NSP + MLM pretraining data (cached by config hash)",
     ),

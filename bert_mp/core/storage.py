@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -109,21 +110,34 @@ def remove_quietly(path: str | Path) -> None:
             os.unlink(path)
 
 
-def write_folder_atomically(dest: Path, write: Any, what: str, needed: int | None, then: Any) -> Path:
-    """``write(tmp)`` into ``.tmp-<name>`` beside ``dest``, then rename it into place.
+def replace_folder(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``dest``. An older ``dest`` is renamed aside first
+    (``.old-<name>-<random>``) and removed after, so ``dest`` is never seen half-removed."""
+    dest = Path(dest)
+    if dest.exists():
+        old = dest.parent / f".old-{dest.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(dest, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, dest)
 
-    A storage failure removes the temporary folder (``dest`` keeps its old content) and raises
-    :class:`bert_mp.errors.StorageError`: ``what`` could not be written (about ``needed`` bytes; None:
-    what had been written when it failed), ``then()`` says what to do.
+
+def write_folder_atomically(
+    dest: Path, write: Any, what: str, needed: int | None, then: Any, tmp: Path | None = None
+) -> Path:
+    """``write(tmp)`` into ``tmp`` (``.tmp-<name>`` beside ``dest`` unless given), then rename it into
+    place (:func:`replace_folder`).
+
+    Whatever ends the write early, the temporary folder is removed (``dest`` keeps its old content);
+    a storage failure raises :class:`bert_mp.errors.StorageError`: ``what`` could not be written
+    (about ``needed`` bytes; None: what had been written when it failed), ``then()`` says what to do.
     """
     dest = Path(dest)
-    tmp = dest.with_name(f".tmp-{dest.name}")
+    tmp = Path(tmp) if tmp is not None else dest.with_name(f".tmp-{dest.name}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         write(tmp)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        replace_folder(tmp, dest)
     except BaseException as e:
         written = folder_bytes(tmp)
         remove_quietly(tmp)  # whatever ended the write, a partial folder only holds space

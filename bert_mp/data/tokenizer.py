@@ -89,7 +89,7 @@ def encoder(tokenizer: Any) -> Any:
     off, and special tokens written in the text (``[SEP]``, ``[MASK]``, ...) tokenized as the text
     they are (``encode_special_tokens``), never as the special token: a ``[SEP]`` in a corpus is no
     sentence or document boundary, a ``[MASK]`` no mask. The setting is not part of a pickled
-    ``Tokenizer``: set it again after unpickling (``prepare._BlockPairer`` does)."""
+    ``Tokenizer``: set it again after unpickling (``prepare.blocks.BlockPairer`` does)."""
     from tokenizers import Tokenizer
 
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
@@ -174,7 +174,7 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     (2) the character alone encodes to one known, non-special token; (3) on probe sentences the ids
     equal those of the [SEP] form with that one id swapped. A document takes the first candidate it
     does not contain (the [SEP] form if it contains them all), and prepare checks the marker count
-    of every document (see ``prepare._BlockPairer``). ``enc``: the :func:`encoder` of
+    of every document (see ``prepare.blocks.BlockPairer``). ``enc``: the :func:`encoder` of
     ``tokenizer`` where the caller has one (a copy costs ~10 ms).
     """
     enc = encoder(tokenizer) if enc is None else enc

@@ -69,6 +69,28 @@ def test_a_folder_write_that_fails_leaves_the_old_folder_and_no_partial_one(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
 
 
+def test_a_folder_written_through_a_named_temporary_folder_replaces_the_old_one(tmp_path):
+    dest = tmp_path / "final"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    seen = []
+
+    def write(tmp: Path) -> None:
+        seen.append(tmp.name)
+        (tmp / "new.txt").write_text("new")
+
+    storage.write_folder_atomically(
+        dest, write, "the tokenizer", None, lambda: "", tmp=tmp_path / ".tmp-final-1"
+    )
+    assert seen == [".tmp-final-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no .tmp-*, no .old-*
+    assert [p.name for p in dest.iterdir()] == ["new.txt"]
+    fresh = tmp_path / "fresh"
+    (tmp_path / ".tmp-fresh").mkdir()
+    storage.replace_folder(tmp_path / ".tmp-fresh", fresh)  # no older copy: a plain rename
+    assert fresh.is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["final", "fresh"]
+
+
 def test_bert_mp_export_on_a_full_disk_is_one_line(tmp_path, prepared, monkeypatch, capsys):
     from transformers import PreTrainedModel
 
@@ -102,6 +124,7 @@ def test_prepare_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeyp
     from datasets import DatasetDict
 
     from bert_mp.data import prepare as prep
+    from bert_mp.data.prepare import build as prep_build
 
     corpus = write_corpus(tmp_path / "corpus.txt", n_docs=40)
     cfg = load_config(
@@ -123,9 +146,9 @@ def test_prepare_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeyp
 
         monkeypatch.setattr(DatasetDict, "save_to_disk", save_to_disk)
     else:
-        real_json = prep.atomic_write_json
+        real_json = prep_build.atomic_write_json
         monkeypatch.setattr(
-            prep,
+            prep_build,
             "atomic_write_json",
             lambda p, o: (
                 (_ for _ in ()).throw(_enospc()) if Path(p).name == "stats.json" else real_json(p, o)

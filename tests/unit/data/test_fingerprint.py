@@ -11,6 +11,7 @@ from support import tiny_config
 from bert_mp.core.io import atomic_write_json
 from bert_mp.data import prepare as prep
 from bert_mp.data.fingerprint import folder_fingerprint
+from bert_mp.data.prepare import build as prep_build
 from bert_mp.errors import TrainingError
 from bert_mp.pretrain.trainer import train
 
@@ -62,8 +63,8 @@ def test_resume_on_rebuilt_data_is_refused_naming_both_fingerprints(prepared_cfg
 def test_force_rebuild_with_other_bytes_says_so(prepared_cfg, capsys):
     _, path = prepared_cfg
     old = json.loads((path / "stats.json").read_text())["fingerprint"]
-    prep._say_if_rebuilt_differently(path, old)
+    prep_build._say_if_rebuilt_differently(path, old)
     assert capsys.readouterr().out == ""
-    prep._say_if_rebuilt_differently(path, "f" * 32)
+    prep_build._say_if_rebuilt_differently(path, "f" * 32)
     out = capsys.readouterr().out
     assert f"fingerprint {old} -> {'f' * 32}" in out and "train.allow_data_change=true" in out

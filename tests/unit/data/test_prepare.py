@@ -19,6 +19,11 @@ from bert_mp.cli import main
 from bert_mp.core.config import load_config
 from bert_mp.data import prepare as prep
 from bert_mp.data.masking import PretrainingCollator
+from bert_mp.data.prepare import blocks as prep_blocks
+from bert_mp.data.prepare import build as prep_build
+from bert_mp.data.prepare import pool as prep_pool
+from bert_mp.data.prepare import read as prep_read
+from bert_mp.data.prepare import vocab as prep_vocab
 from bert_mp.errors import DataError
 
 
@@ -134,14 +139,14 @@ def test_blocks_encoded_in_pieces_give_the_same_bytes(tmp_path, monkeypatch, cor
     in pieces by both workers and paired once they are back; the rows and counts are those of one
     process, which encodes the block whole."""
     cut = []
-    real = prep._work_units
+    real = prep_pool._work_units
 
     def spy(*args):
         units = real(*args)
         cut.extend(u for u in units if u[2] is not None)
         return units
 
-    monkeypatch.setattr(prep, "_work_units", spy)
+    monkeypatch.setattr(prep_pool, "_work_units", spy)
     extra = (
         f"data.objective={objective}",
         "data.masking=static",
@@ -173,9 +178,9 @@ def test_work_units_cut_only_large_blocks_into_whole_documents(seed):
     keys = [(s, b) for s in (0, 1) for b in range(len(blocks[s]))]
     costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
     num_proc = int(rng.integers(2, 5))
-    units = prep._work_units(blocks, keys, costs, num_proc, chars)
+    units = prep_pool._work_units(blocks, keys, costs, num_proc, chars)
     assert [u[0] for u in units] == sorted((u[0] for u in units), reverse=True)  # longest first
-    target = sum(costs) / (prep._PIECES_PER_WORKER * num_proc)
+    target = sum(costs) / (prep_pool._PIECES_PER_WORKER * num_proc)
     for key, cost in zip(keys, costs, strict=True):
         mine = sorted((u for u in units if u[1] == key), key=lambda u: u[2] or 0)
         if mine[0][2] is None:  # whole: small enough, a single document, or one that holds nearly all
@@ -186,11 +191,11 @@ def test_work_units_cut_only_large_blocks_into_whole_documents(seed):
         assert np.array_equal(np.concatenate([u[3] for u in mine]), blocks[key[0]][key[1]])
         assert sum(u[0] for u in mine) == cost and all(len(u[3]) for u in mine)
     # a tiny document before a huge one: no cut leaves two pieces, so the block stays whole
-    lopsided = prep._work_units({0: [np.array([0, 1])], 1: []}, [(0, 0)], [1001], 2, np.array([1, 1000]))
+    lopsided = prep_pool._work_units({0: [np.array([0, 1])], 1: []}, [(0, 0)], [1001], 2, np.array([1, 1000]))
     assert [u[2] for u in lopsided] == [None]
     many = [np.arange(i * 10, i * 10 + 10) for i in range(40)]  # 40 equal blocks for 2 workers
     even = np.full(400, 50)
-    whole = prep._work_units({0: many, 1: []}, [(0, b) for b in range(40)], [500] * 40, 2, even)
+    whole = prep_pool._work_units({0: many, 1: []}, [(0, b) for b in range(40)], [500] * 40, 2, even)
     assert all(u[2] is None for u in whole)
 
 
@@ -218,7 +223,7 @@ def test_cache_reuse_force_and_key(tmp_path, corpus, monkeypatch, capsys):
         raise AssertionError("rebuilt although a complete cache exists")
 
     with monkeypatch.context() as m:
-        m.setattr(prep, "_build", boom)
+        m.setattr(prep_build, "_build", boom)
         assert prep.prepare(cfg) == path
     assert "reusing" in capsys.readouterr().out
     other = _cfg(tmp_path, corpus, "data.seed=7")
@@ -238,7 +243,8 @@ def test_crash_leaves_no_cache_and_partial_folder_is_never_used(tmp_path, corpus
         raise RuntimeError("disk full")
 
     with monkeypatch.context() as m:
-        m.setattr(prep, "save_tokenizer", crash)
+        m.setattr(prep_vocab, "save_tokenizer", crash)
+        m.setattr(prep_build, "save_tokenizer", crash)
         with pytest.raises(RuntimeError, match="disk full"):
             prep.prepare(cfg)
     assert not final.exists() and not list(final.parent.glob(".tmp-*"))
@@ -378,7 +384,7 @@ def test_inline_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
     corpus = _marker_corpus(tmp_path / "corpus.txt")
     base = prep.prepare(_cfg(tmp_path / "tok", corpus))
     tok = f"data.tokenizer={base / 'tokenizer'}"
-    markers = [c for c, _ in prep.inline_markers(AutoTokenizer.from_pretrained(base / "tokenizer"))]
+    markers = [c for c, _ in prep_blocks.inline_markers(AutoTokenizer.from_pretrained(base / "tokenizer"))]
     assert markers == ["|", "%", "\u00b6"]  # the candidates in this corpus's vocabulary, in order
     extra = (tok, "data.masking=static", "data.pairing_block_chars=2000", "data.validation_fraction=0")
     inline = prep.prepare(_cfg(tmp_path / "inline", corpus, *extra))
@@ -388,7 +394,7 @@ def test_inline_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
     assert 0 < with_all < sum("|" in d for d in docs)  # some take a later candidate, some [SEP]
     assert train["documents"] == len(docs)
     assert train["sep_marked_documents"] == with_all
-    monkeypatch.setattr(prep, "inline_markers", lambda *_: [])
+    monkeypatch.setattr(prep_blocks, "inline_markers", lambda *_: [])
     sep = prep.prepare(_cfg(tmp_path / "sep", corpus, *extra))
     assert json.loads((sep / "stats.json").read_text())["per_split"]["train"]["sep_marked_documents"] == len(
         docs
@@ -408,9 +414,9 @@ def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
     good = prep.prepare(_cfg(tmp_path / "good", corpus, *extra))
     tokenizer = AutoTokenizer.from_pretrained(base / "tokenizer")
     wrong_id = tokenizer.mask_token_id  # never in the output
-    right = prep.inline_markers(tokenizer)
+    right = prep_blocks.inline_markers(tokenizer)
     # the first candidate's id is wrong, the others right: only documents holding "|" keep an inline marker
-    monkeypatch.setattr(prep, "inline_markers", lambda *_: [("|", wrong_id), *right[1:]])
+    monkeypatch.setattr(prep_blocks, "inline_markers", lambda *_: [("|", wrong_id), *right[1:]])
     redone = prep.prepare(_cfg(tmp_path / "redone", corpus, *extra))
     stats = json.loads((redone / "stats.json").read_text())["per_split"]
     docs = [d for d in corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
@@ -448,14 +454,14 @@ def _multi_file_corpus(folder: Path) -> Path:
 
 def test_parallel_read_gives_the_same_documents_rows_and_counts(tmp_path, prepared, monkeypatch):
     groups = []
-    original = prep._file_groups
+    original = prep_read._file_groups
 
     def spy(paths, jobs):
         groups.append(original(paths, jobs))
         return groups[-1]
 
-    monkeypatch.setattr(prep, "_file_groups", spy)
-    monkeypatch.setattr(prep, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
+    monkeypatch.setattr(prep_read, "_file_groups", spy)
+    monkeypatch.setattr(prep_read, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
     folder = _multi_file_corpus(tmp_path / "many")
     extra = (f"data.tokenizer={prepared.path / 'tokenizer'}", "data.pairing_block_chars=3000")
     one = prep.prepare(_cfg(tmp_path / "one", folder, *extra, "data.num_proc=1"))
@@ -490,15 +496,15 @@ def test_parallel_read_error_names_the_file(tmp_path, prepared):
     __import__("multiprocessing").get_start_method() != "fork", reason="the patch reaches forked readers only"
 )
 def test_a_reader_process_that_dies_ends_prepare_with_a_data_error(tmp_path, monkeypatch, prepared):
-    real = prep._arrow_stream
+    real = prep_read.arrow_stream
 
     def stream(path, schema):  # the first reader dies as it opens its output (forked: inherited)
         if Path(path).name == "part-00000.arrow":
             os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
         return real(path, schema)
 
-    monkeypatch.setattr(prep, "_arrow_stream", stream)
-    monkeypatch.setattr(prep, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
+    monkeypatch.setattr(prep_read, "arrow_stream", stream)
+    monkeypatch.setattr(prep_read, "_READER_BYTES", 1)  # parallel reading on a tiny corpus
     folder = _multi_file_corpus(tmp_path / "many")
     cfg = _cfg(tmp_path, folder, f"data.tokenizer={prepared.path / 'tokenizer'}", "data.num_proc=2")
     with pytest.raises(
@@ -522,7 +528,7 @@ def _pooled_cfg(tmp_path, corpus, prepared):
 def _failing_block(monkeypatch, how):
     """Block 1 of the training split fails in the pairing worker that takes it (forked: the patch
     is inherited)."""
-    real = prep._BlockPairer.__call__
+    real = prep_blocks.BlockPairer.__call__
 
     def call(self, split, block, doc_ids, parts=None):
         if (split, block) == (0, 1):
@@ -531,7 +537,7 @@ def _failing_block(monkeypatch, how):
             os._exit(9)  # what the out-of-memory killer leaves: no exception, no result
         return real(self, split, block, doc_ids, parts)
 
-    monkeypatch.setattr(prep._BlockPairer, "__call__", call)
+    monkeypatch.setattr(prep_blocks.BlockPairer, "__call__", call)
 
 
 @pytest.mark.parametrize("how", ["raise", "die"])
@@ -550,7 +556,7 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
     """The two workers start on the two blocks with the most characters (the rest follow as they
     finish), so a long block never starts last; each worker appends what it starts to a file."""
     log = tmp_path / "started.txt"
-    real = prep._BlockPairer.__call__
+    real = prep_blocks.BlockPairer.__call__
 
     def call(self, split, block, doc_ids, parts=None):
         chars = sum(map(len, prep.take_texts(self.docs.data.table, doc_ids)))
@@ -558,7 +564,7 @@ def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, 
             f.write(f"{chars}\n")
         return real(self, split, block, doc_ids, parts)
 
-    monkeypatch.setattr(prep._BlockPairer, "__call__", call)
+    monkeypatch.setattr(prep_blocks.BlockPairer, "__call__", call)
     cfg = _pooled_cfg(tmp_path, corpus, prepared)
     prep.prepare(cfg)
     started = [int(x) for x in log.read_text().split()]
@@ -601,8 +607,8 @@ def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
         paths.append(tmp_path / f"f{i}")
         paths[-1].write_bytes(b"x" * n)
     for jobs in (1, 2, 3, 8, 20):
-        groups = prep._file_groups(paths, jobs)
+        groups = prep_read._file_groups(paths, jobs)
         assert [f for g in groups for f in g] == [str(p) for p in paths]
         assert 1 <= len(groups) <= min(jobs, len(paths)) and all(groups)
-    two = prep._file_groups(paths, 2)
+    two = prep_read._file_groups(paths, 2)
     assert [len(g) for g in two] == [5, 3]  # 1400 bytes then 600: the cut after the big file

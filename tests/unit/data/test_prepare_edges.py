@@ -18,6 +18,9 @@ from transformers import AutoTokenizer
 
 from bert_mp.core.config import DataConfig, load_config
 from bert_mp.data import prepare as prep
+from bert_mp.data.prepare import blocks as prep_blocks
+from bert_mp.data.prepare import stats as prep_stats
+from bert_mp.data.prepare import vocab as prep_vocab
 
 LITERALS = ("[SEP]", "[MASK]", "[CLS]")
 
@@ -83,7 +86,7 @@ def test_special_tokens_written_in_the_text_are_tokenized_as_text(
     mask: the rows are those of the same corpus with the tokens written in lower case (BERT
     lowercases text), and stats.json counts them."""
     if not inline:
-        monkeypatch.setattr(prep, "inline_markers", lambda *_: [])
+        monkeypatch.setattr(prep_blocks, "inline_markers", lambda *_: [])
     counts = special_text_corpus(tmp_path / "literal.txt")
     assert special_text_corpus(tmp_path / "lower.txt", lower=True) == counts
     extra = (f"data.tokenizer={trained}", f"data.objective={objective}")
@@ -123,7 +126,7 @@ def test_special_tokens_written_in_the_text_are_tokenized_as_text(
 
 def test_a_pairer_sent_to_a_spawned_worker_keeps_special_tokens_as_text(trained):
     cfg = load_config(None, [f"data.tokenizer={trained}"])
-    pairer = prep._BlockPairer(None, AutoTokenizer.from_pretrained(trained), cfg.data)
+    pairer = prep_blocks.BlockPairer(None, AutoTokenizer.from_pretrained(trained), cfg.data)
     assert pairer.encoder.encode_special_tokens
     assert pickle.loads(pickle.dumps(pairer)).encoder.encode_special_tokens
 
@@ -171,7 +174,7 @@ def _deterministic_trainer(texts, vocab_size, lowercase=True, length=None):
 def test_each_config_gets_the_tokenizer_of_its_own_training_text_whatever_ran_before(tmp_path, monkeypatch):
     """dedupe on/off x documents file/line read different training text: in any order, each config
     prepares with the tokenizer trained on its own text (the one it gets alone)."""
-    monkeypatch.setattr(prep, "train_wordpiece", _deterministic_trainer)
+    monkeypatch.setattr(prep_vocab, "train_wordpiece", _deterministic_trainer)
     folder = tmp_path / "corpus"
     folder.mkdir()
     for name, seed in (("a", 1), ("b", 2)):
@@ -216,20 +219,25 @@ def _split(documents: int, examples: int, random_share: float | None) -> dict:
 )
 def test_a_small_validation_split_is_flagged_with_the_key_that_fixes_it(validation, fraction, want):
     stats = {"per_split": {"train": _split(100, 1000, 0.5), "validation": validation}}
-    got = prep._validation_warning(stats, DataConfig(validation_fraction=fraction))
+    got = prep_stats._validation_warning(stats, DataConfig(validation_fraction=fraction))
     assert got is None if want is None else want in got
 
 
 def test_the_short_documents_warning_names_documents_file_for_text_files():
     split = _split(100, 1000, 0.8)
     split["nsp"]["forced_random"] = 700
-    text = prep._nsp_share_warning(split, "train", DataConfig(source="text", paths=["x"]))
+    text = prep_stats._nsp_share_warning(split, "train", DataConfig(source="text", paths=["x"]))
     assert "data.documents=file reads each file as one document" in text
-    jsonl = prep._nsp_share_warning(split, "train", DataConfig(source="jsonl", paths=["x"]))
+    jsonl = prep_stats._nsp_share_warning(split, "train", DataConfig(source="jsonl", paths=["x"]))
     assert "use longer documents" in jsonl and "data.documents" not in jsonl
     # the target is data.nsp_random_prob, not always 0.5
-    assert prep._nsp_share_warning(_split(100, 1000, 0.0), "train", DataConfig(nsp_random_prob=0.0)) is None
-    assert "outside 0.15-0.25" in prep._nsp_share_warning(split, "train", DataConfig(nsp_random_prob=0.2))
+    assert (
+        prep_stats._nsp_share_warning(_split(100, 1000, 0.0), "train", DataConfig(nsp_random_prob=0.0))
+        is None
+    )
+    assert "outside 0.15-0.25" in prep_stats._nsp_share_warning(
+        split, "train", DataConfig(nsp_random_prob=0.2)
+    )
 
 
 def test_the_summary_shows_truncated_tokens_as_a_share_of_the_corpus():
@@ -241,12 +249,13 @@ def test_the_summary_shows_truncated_tokens_as_a_share_of_the_corpus():
             "validation": {"truncated_tokens": 40, "tokens": 100},
         },
     }
-    line = prep._truncation_line(stats)
+    line = prep_stats._truncation_line(stats)
     assert (
         "truncated: 290 tokens cut from pairs to fit max_seq_length 128, 29.0% of the corpus's 1000 tokens"
         in line
     )
     stats["dupe_factor"] = 2
-    assert "14.5% of 2 passes (data.dupe_factor) over the corpus's 1000 tokens" in prep._truncation_line(
-        stats
+    assert (
+        "14.5% of 2 passes (data.dupe_factor) over the corpus's 1000 tokens"
+        in prep_stats._truncation_line(stats)
     )

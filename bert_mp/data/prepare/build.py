@@ -1,0 +1,199 @@
+"""``bert-mp prepare``: the build of a prepared folder in a temporary folder, renamed into
+``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last, interruptions and refused writes
+turned into one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+
+from bert_mp.core import console, storage
+from bert_mp.core.config import Config, load_config, save_config
+from bert_mp.core.io import atomic_write_json
+from bert_mp.core.loop import interrupts_in_this_process_only
+from bert_mp.data import allocator
+from bert_mp.data.corpus import describe_source
+from bert_mp.data.fingerprint import folder_fingerprint
+from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
+from bert_mp.data.prepare.cache import cache_path, is_complete
+from bert_mp.data.prepare.pool import pair_blocks
+from bert_mp.data.prepare.read import first_occurrences, read_documents
+from bert_mp.data.prepare.stats import collect_stats, print_summary, stats_warnings
+from bert_mp.data.prepare.vocab import remove_own_tokenizer_tmp, tokenizer_for
+from bert_mp.data.tokenizer import save_tokenizer
+from bert_mp.errors import DataError, Interrupted
+
+
+def _build(cfg: Config, out: Path, force: bool = False) -> dict:
+    """Build the whole prepared folder at ``out``; returns the stats."""
+    from datasets import DatasetDict
+
+    data = cfg.data
+    work = out / "work"
+    work.mkdir(parents=True)
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+
+    t = time.perf_counter()
+    docs, read_stats = read_documents(data, work)
+    timings["read"] = time.perf_counter() - t
+
+    n_docs = len(docs)
+    val_mask = assign_splits(n_docs, data.validation_fraction, data.seed)
+    chars = pc.utf8_length(docs.data.table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
+    kept = np.ones(n_docs, dtype=bool)
+    if data.dedupe:
+        table = docs.data.table
+        hi, lo = (table.column(c).to_numpy() for c in ("hash_hi", "hash_lo"))
+        kept[:] = False
+        kept[first_occurrences(hi, lo)] = True
+        read_stats.duplicate_documents = int(n_docs - kept.sum())
+        kept_ids = np.flatnonzero(kept)
+        if (
+            kept_ids.size >= 2
+            and data.validation_fraction > 0
+            and (val_mask[kept_ids].all() or not val_mask[kept_ids].any())
+        ):
+            # the duplicates took all of one split: split the kept documents among themselves
+            val_mask[kept_ids] = assign_splits(kept_ids.size, data.validation_fraction, data.seed)
+    split_docs = {0: np.flatnonzero(~val_mask & kept), 1: np.flatnonzero(val_mask & kept)}
+    blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
+
+    t = time.perf_counter()
+    tokenizer, tokenizer_from = tokenizer_for(data, docs, split_docs[0], force)
+    timings["tokenizer"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    pairer = BlockPairer(docs, tokenizer, data)
+    splits, block_stats = pair_blocks(pairer, blocks, chars, data, work)
+    timings["split_tokenize_pair"] = time.perf_counter() - t
+
+    if len(splits["train"]) == 0 and data.objective == "mlm":
+        raise DataError(
+            f"{describe_source(data)} gave no training examples: no training document has a token"
+        )
+    if len(splits["train"]) == 0:
+        raise DataError(
+            f"{describe_source(data)} gave no training pairs: every document is a single sentence and there is no "
+            "other document for a random B; add documents or use a multi-sentence corpus"
+        )
+
+    t = time.perf_counter()
+    dd = DatasetDict(splits)
+    num_shards = {name: max(1, min(data.num_shards, len(ds))) for name, ds in dd.items()}
+    dd.save_to_disk(str(out / "dataset"), num_shards=num_shards)
+    save_tokenizer(tokenizer, out / "tokenizer")
+    timings["write"] = time.perf_counter() - t
+
+    stats = collect_stats(
+        data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, time.perf_counter() - t_start
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def prepare(cfg: Config, force: bool = False) -> Path:
+    """The prepared folder for ``cfg.data``, built unless a complete cached copy exists (or ``force``)."""
+    data = cfg.data
+    data.validate()
+    final = cache_path(data)
+    if is_complete(final) and not force:
+        console.say(f"reusing {final} (same data config; --force rebuilds)", command="prepare")
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    was_complete = is_complete(final)
+
+    def on_exit(signum: int) -> None:  # SIGTERM (or a second Ctrl-C): the process exits right after
+        detail = _left_behind(final, tmp, was_complete)
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_own_tokenizer_tmp(data)
+        if console.is_main_process():  # named for the command run (train, when it prepares first)
+            print(Interrupted(signum, detail).line(console.command("prepare")), file=sys.stderr)
+
+    try:
+        with interrupts_in_this_process_only(on_exit) as caught:
+            try:
+                tmp.mkdir()
+                with allocator.tuned():
+                    stats = _build(cfg, tmp, force)
+                stats["warnings"] = stats_warnings(stats, data)
+                stats["fingerprint"] = folder_fingerprint(tmp)
+                _say_if_rebuilt_differently(final, stats["fingerprint"])
+                save_config(data_only(cfg), tmp / "config.yaml")
+                atomic_write_json(tmp / "stats.json", stats)
+                (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+                storage.replace_folder(tmp, final)
+            except BaseException as e:
+                if caught.signum is None:
+                    refused = _refused_write(e, final, tmp, was_complete)
+                    if refused is None:
+                        raise
+                    raise refused from None
+                # whatever unwinding the worker pools raised on the way (datasets chains a TimeoutError)
+                raise Interrupted(caught.signum, _left_behind(final, tmp, was_complete)) from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(stats, final)
+    return final
+
+
+def _refused_write(e: BaseException, final: Path, tmp: Path, was_complete: bool) -> BaseException | None:
+    """A build the disk refused (full, read-only, I/O error) as one line, else None (re-raise ``e``)."""
+    if not isinstance(e, Exception) or storage.write_failure(e) is None:
+        return None
+    written, left = storage.human_bytes(storage.folder_bytes(tmp)), _left_behind(final, tmp, was_complete)
+    storage.remove_quietly(tmp)  # before the free space is measured: it only held space
+    return storage.storage_error(
+        "the prepared data",
+        final.parent,
+        e,
+        None,
+        f"the build had written {written} when it stopped (it needs more); {left}. Free disk space "
+        "(or set data.cache_dir to a larger disk) and run bert-mp prepare again",
+    )
+
+
+def _left_behind(final: Path, tmp: Path, was_complete: bool) -> str:
+    """What an interrupted :func:`prepare` leaves at ``final`` (its temporary folder is removed)."""
+    if not is_complete(final):
+        if was_complete:  # the signal came between the two renames of replace_folder
+            return f"{final} removed while its older copy was being replaced; run prepare again"
+        return f"nothing written to {final}"
+    return f"{final} kept as it was" if tmp.exists() else f"{final} was complete before the signal"
+
+
+def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:
+    """``--force`` over a folder whose bytes change: runs trained on it must hear of it."""
+    old_stats = final / "stats.json"
+    if not old_stats.is_file():
+        return
+    old = json.loads(old_stats.read_text(encoding="utf-8")).get("fingerprint")
+    if old and old != fingerprint:
+        console.say(
+            f"warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
+            "runs trained on the old data refuse to resume on it unless train.allow_data_change=true",
+            command="prepare",
+        )
+
+
+def data_only(cfg: Config) -> Config:
+    """The config with only the data section from ``cfg`` (the rest at defaults): what the folder depends on."""
+    return Config(data=cfg.data)
+
+
+def command(config_path: str | None, overrides: list[str], force: bool = False) -> int:
+    """``bert-mp prepare [CONFIG] [key=value ...] [--force]``."""
+    cfg = load_config(config_path, overrides)
+    prepare(cfg, force=force)
+    return 0

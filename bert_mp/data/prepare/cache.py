@@ -1,0 +1,56 @@
+"""The prepared folder on disk: where a data config's folder lives, whether it is complete, and loading it.
+
+What training, export and the run guard import; it needs nothing of the build.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bert_mp.core.config import DataConfig
+from bert_mp.errors import DataError
+
+SPLITS = ("train", "validation")
+
+
+@dataclass
+class PreparedData:
+    """A prepared data folder, loaded."""
+
+    dataset: Any
+    """``datasets.DatasetDict`` with ``train`` and ``validation``."""
+    tokenizer: Any
+    stats: dict
+    path: Path
+
+
+def cache_path(data: DataConfig) -> Path:
+    """Where the data for this config lives: ``<cache_dir>/<cache_key>``."""
+    return Path(data.cache_dir) / data.cache_key()
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds a finished build (its ``COMPLETE`` marker is written last)."""
+    return (Path(path) / "COMPLETE").is_file()
+
+
+def load_prepared(path: str | Path) -> PreparedData:
+    """Load a folder written by :func:`prepare`; refuses a partial one."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"no prepared data at {path}; run `bert-mp prepare` first")
+    if not is_complete(path):
+        raise DataError(f"{path} is incomplete (no COMPLETE marker); rerun `bert-mp prepare --force`")
+    stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+    return PreparedData(
+        dataset=load_from_disk(str(path / "dataset")),
+        tokenizer=AutoTokenizer.from_pretrained(str(path / "tokenizer")),
+        stats=stats,
+        path=path,
+    )
