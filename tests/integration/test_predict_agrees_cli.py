@@ -263,7 +263,8 @@ def test_a_stopped_finetune_exits_like_train(tmp_path, ckpt, sig, code):
     assert summary["status"] == "stopped" and summary["stop_reason"] == f"signal {name}"
     assert not (out / "final").exists()
     lines = [line for line in stdout.splitlines() if line.startswith("bert-mp finetune:")]
-    assert lines == [
+    assert lines[0].startswith("bert-mp finetune: 1 process x "), lines  # the start-up line
+    assert lines[1:] == [
         f"bert-mp finetune: stopped after {summary['steps']} steps (signal {name}; checkpoint saved) -> {out}"
     ]
     assert (out / "checkpoints" / f"step_{summary['steps']:08d}" / "COMPLETE").is_file()
