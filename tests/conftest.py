@@ -11,6 +11,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # for the suite (tests/unit/core/test_conditions.py turns it on where it tests it)
 os.environ.setdefault("BERT_MP_LOAD_WARNING", "0")
 
+# A suite started as a background job of a shell without job control (or under some CI runners)
+# inherits SIGINT and SIGQUIT as *ignored*, and an ignored signal stays ignored in every process the
+# tests start: their Ctrl-C would never land and a held run would wait for it forever. A handler
+# here is reset to the default in each child at exec, so the commands under test see a normal Ctrl-C.
+for _sig, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, _handler)
+
 CPU_MASK_ENV = "BERT_MP_CPU_MASK"  # bert_mp.precision.CPU_MASK_ENV (not imported here: see below)
 
 
