@@ -227,12 +227,10 @@ def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path,
     def ladder(args):
         calls.append("ladder")
         bench = gpu_check.STATE / "bench.json"
-        # a child that writes a row, then hangs until the budget cuts it
-        code = (
-            "import json, sys, time; "
-            f"json.dump({{'partial': True, 'results': {{'bert_mp_fp32': {{'tokens_per_sec': 10.0}}}}}}, open({str(bench)!r}, 'w')); "
-            "sys.stdout.flush(); time.sleep(60)"
-        )
+        # the row a child had measured before it hung: written here, before the child starts, so the
+        # cut cannot come before it on a slow machine; the child stands for the hang alone
+        bench.write_text(json.dumps({"partial": True, "results": {"bert_mp_fp32": {"tokens_per_sec": 10.0}}}))
+        code = "import time; time.sleep(60)"
         rc, _ = gpu_check._run(
             [sys.executable, "-c", code], args.budget, gpu_check.STATE / "c.log", tick=lambda: None
         )
