@@ -119,7 +119,7 @@ def _lamb(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan
 
 
 def _sophia(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
-    from bert_mp.core.sophia import Sophia
+    from bert_mp.core.sophia_optimizer import Sophia
 
     return Sophia(
         groups,

@@ -18,29 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from pytorch_optimizer import SophiaH
-
-
-class Sophia(SophiaH):
-    """SophiaH that never estimates inside ``step``: it takes :attr:`pending_hessian` when one is set."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.pending_hessian: list[torch.Tensor] | None = None
-
-    @torch.no_grad()
-    def step(self, closure: Any = None, hessian: list[torch.Tensor] | None = None) -> Any:
-        fresh = hessian if hessian is not None else self.pending_hessian
-        self.pending_hessian = None
-        params = [p for g in self.param_groups for p in g["params"]]
-        if fresh is None:  # no new estimate: the moving average is lerped towards itself (unchanged)
-            fresh = [self.state[p].get("hessian_moment", torch.zeros_like(p)) for p in params]
-        # in the moving average's dtype (bf16_pure's step hooks lift weights and states to fp32)
-        fresh = [h.to(p.dtype) for h, p in zip(fresh, params)]
-        out = super().step(closure, hessian=fresh)
-        for p in params:  # the estimate is folded into hessian_moment; do not keep (or checkpoint) it
-            self.state[p].pop("hessian", None)
-        return out
 
 
 class HessianEstimator:
@@ -54,7 +31,9 @@ class HessianEstimator:
     @classmethod
     def for_optimizer(cls, optimizer: Any, cfg: Any) -> HessianEstimator | None:
         """An estimator when ``optimizer`` is Sophia, else None."""
-        if not isinstance(_unwrap(optimizer), Sophia):
+        # by marker, not isinstance: Sophia's module imports pytorch-optimizer, which a run
+        # with another optimizer may not have (a GPU machine gets only what it is carried)
+        if not getattr(_unwrap(optimizer), "takes_pending_hessian", False):
             return None
         return cls(optimizer, cfg.sophia_update_period, cfg.seed)
 

@@ -14,7 +14,8 @@ from bert_mp.core.config import OPTIMIZERS, TrainConfig
 from bert_mp.core.io import read_jsonl
 from bert_mp.core.lowprec import COMP_KEY, install_bf16_update, stochastic_round_bf16
 from bert_mp.core.optim import build_optimizer
-from bert_mp.core.sophia import HessianEstimator, Sophia
+from bert_mp.core.sophia import HessianEstimator
+from bert_mp.core.sophia_optimizer import Sophia
 
 LIBRARY = {
     "adamw": "torch.optim",
@@ -174,3 +175,16 @@ def test_sophia_with_a_compiled_model_is_refused_naming_the_key():
 
     with pytest.raises(ConfigError, match="train.compile"):
         TrainConfig(optimizer="sophia", compile="model").validate()
+
+
+def test_the_loops_import_without_the_optimizer_libraries():
+    """A GPU machine gets only the wheels it is carried: train and finetune with AdamW must not need
+    pytorch-optimizer or torch-optimi (a None entry in sys.modules makes their import fail)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['pytorch_optimizer'] = None; sys.modules['optimi'] = None; "
+        "import bert_mp.pretrain.trainer, bert_mp.finetune.trainer, bert_mp.core.optim"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
