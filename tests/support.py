@@ -168,6 +168,7 @@ def run_in_subprocess_main(argv: list[str]) -> None:
     """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
     from bert_mp.core import callbacks
     from bert_mp.core.config import load_config
+    from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import exit_code, train
 
     cfg = load_config(argv[0])
@@ -175,11 +176,11 @@ def run_in_subprocess_main(argv: list[str]) -> None:
         stop_at = int(argv[2])
 
         class StopAt(callbacks.BaseCallback):
-            def on_step_end(self, state, logs):
+            def on_step_end(self, state, facts, logs):
                 if state.step == stop_at:
                     state.stop_reason = f"test stop at {stop_at}"
 
-        callbacks.REGISTRY["stop_at"] = StopAt
+        monitors.REGISTRY["stop_at"] = StopAt
         cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
     sys.exit(exit_code(train(cfg, load_fixture(Path(argv[1])))))  # the codes `bert-mp train` exits with
 

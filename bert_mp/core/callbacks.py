@@ -1,59 +1,41 @@
-"""Callback protocol and the built-in monitors (throughput + MFU, loss, memory, loss scale).
+"""The callback protocol, the state plumbing of callbacks, and the monitors every loop can use.
 
-Callbacks observe; they do not steer. A callback's own running figures are its ``state_dict()``,
-saved in every checkpoint and restored on resume, so a resumed run reports the whole run. Each hook gets the loop state and a ``logs`` / ``summary`` dict;
-a callback may ADD its own namespaced keys there (the loop writes the dict after every callback ran)
-and may set ``state.stop_reason`` to ask the loop to save and stop. Nothing else.
+Callbacks observe; they do not steer. Each hook gets the loop state and a ``logs`` / ``summary``
+dict; a callback may ADD its own namespaced keys there (the loop writes the dict after every
+callback ran) and may set ``state.stop_reason`` to ask the loop to save and stop. Nothing else.
+``on_step_end`` also gets the step's raw facts (a :class:`LoopStepFacts`, extended by each loop:
+pretraining's loss sums, token counts and FLOPs live in :mod:`bert_mp.pretrain.monitors`);
+turning them into metrics is the monitors' job.
 
-The loop hands monitors the raw facts of each optimizer step in ``state.facts`` (a
-:class:`StepFacts`: loss sums and counts over all micro-batches and ranks, token counts, wall
-times); turning them into metrics - including MFU - is the monitors' job.
+A callback's own running figures are its ``state_dict()``, saved in every checkpoint under the
+callback's name and restored on resume, so a resumed run reports the whole run even when the list
+of callbacks was reordered.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import re
 import resource
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from bert_mp.errors import ConfigError
+from bert_mp.core.loop import LoopState
 
 
 @dataclass
-class LossSums:
-    """MLM and NSP loss sums, correct predictions and counts (what ``PretrainingModel`` returns)."""
+class LoopStepFacts:
+    """What every loop knows about an optimizer step it took (a loop's own facts extend it)."""
 
-    mlm_loss_sum: float
-    mlm_correct: float
-    mlm_count: float
-    nsp_loss_sum: float
-    nsp_correct: float
-    nsp_count: float
-
-
-@dataclass
-class StepFacts(LossSums):
-    """Raw facts of one optimizer step, summed over its micro-batches and all ranks."""
-
-    tokens: int
-    """Non-padding tokens."""
-    padded_tokens: int
-    """Positions computed including padding (sequences x padded length)."""
-    attention_flops_tokens: float
-    """Sum over sequences of real_length^2 (:func:`attention_flops_tokens`), consistent with ``tokens``."""
-    sequences: int
     lr: float
+    """Learning rate the step used."""
     grad_norm: float
+    """Gradient norm before clipping (unscaled)."""
     step_time_s: float
-    """Wall time since the previous step ended (data wait included)."""
-    data_wait_s: float
-    """Time this rank spent waiting for batches."""
+    """Wall time of the step (pretraining: data wait included, shared evenly by the steps of a read)."""
 
 
 @dataclass
@@ -64,25 +46,22 @@ class TrainContext:
     device: torch.device
     precision: dict
     """``PrecisionPlan.describe()``."""
-    param_counts: dict
-    """``model.parameter_counts()``."""
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
     num_processes: int
     is_main_process: bool
     scaler: Any = None
     """The GradScaler in use (fp16) or None."""
-    extra: dict = field(default_factory=dict)
 
 
 class Callback(Protocol):
-    """The four hooks; a callback implements the ones it needs (see :class:`BaseCallback`)."""
+    """What a loop calls; :class:`BaseCallback` gives no-op hooks to override."""
 
-    def on_train_start(self, state: Any, ctx: TrainContext) -> None: ...
-    def on_step_end(self, state: Any, logs: dict) -> None: ...
-    def on_eval_end(self, state: Any, logs: dict) -> None: ...
-    def on_train_end(self, state: Any, summary: dict) -> None: ...
+    name: str
+    """The callback's key in a checkpoint (its registry name), so state survives a reordered list."""
+
+    def on_train_start(self, state: LoopState, ctx: TrainContext) -> None: ...
+    def on_step_end(self, state: LoopState, facts: LoopStepFacts, logs: dict) -> None: ...
+    def on_eval_end(self, state: LoopState, logs: dict) -> None: ...
+    def on_train_end(self, state: LoopState, summary: dict) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, d: dict) -> None: ...
 
@@ -90,20 +69,23 @@ class Callback(Protocol):
 class BaseCallback:
     """No-op hooks; built-in monitors override what they use."""
 
+    name = ""
+    """Set by each monitor class (and by the registry for the callbacks it builds)."""
+
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.ctx: TrainContext | None = None
 
-    def on_train_start(self, state: Any, ctx: TrainContext) -> None:
+    def on_train_start(self, state: LoopState, ctx: TrainContext) -> None:
         self.ctx = ctx
 
-    def on_step_end(self, state: Any, logs: dict) -> None:
+    def on_step_end(self, state: LoopState, facts: LoopStepFacts, logs: dict) -> None:
         pass
 
-    def on_eval_end(self, state: Any, logs: dict) -> None:
+    def on_eval_end(self, state: LoopState, logs: dict) -> None:
         pass
 
-    def on_train_end(self, state: Any, summary: dict) -> None:
+    def on_train_end(self, state: LoopState, summary: dict) -> None:
         pass
 
     def state_dict(self) -> dict:
@@ -115,172 +97,39 @@ class BaseCallback:
 
 
 # --------------------------------------------------------------------------------------------------
-# FLOPs and peak table
+# callback state in checkpoints
 # --------------------------------------------------------------------------------------------------
-# Dense peak FLOP/s per device and precision (vendor datasheets; sparsity figures halved). fp32 is the
-# CUDA-core rate; tf32/bf16/fp16 are tensor-core rates. Matched on the whole normalised device name
-# (see peak_flops): "L4" must not match "L40", an H100 NVL or PCIe must not get SXM peaks. Unknown
-# devices (and CPUs) give MFU None, printed as n/a.
-_HOPPER_SXM = {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}
-_HOPPER_PCIE = {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12}
-_HOPPER_NVL = {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12}
-_AMPERE_A100 = {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}
-PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
-    (r"h100 nvl", _HOPPER_NVL),
-    (r"h100 pcie( \d+gb)?", _HOPPER_PCIE),
-    (r"h100( sxm\d?)?( \d+gb)?( hbm\d)?", _HOPPER_SXM),
-    (r"h800 pcie( \d+gb)?", _HOPPER_PCIE),
-    (r"h800( sxm\d?)?( \d+gb)?( hbm\d)?", _HOPPER_SXM),
-    (r"h200 nvl", _HOPPER_NVL),
-    (r"h200( sxm\d?)?( \d+gb)?( hbm\d e?)?", _HOPPER_SXM),
-    (r"gh200( \d+gb)?( hbm\d e?)?", _HOPPER_SXM),
-    (r"h20", {"fp32": 44e12, "tf32": 74e12, "bf16": 148e12, "fp16": 148e12}),
-    (r"b200", {"fp32": 75e12, "tf32": 1100e12, "bf16": 2250e12, "fp16": 2250e12}),
-    (r"a100([- ]sxm4| pcie|-pcie)?([- ]\d+gb)?( pcie)?", _AMPERE_A100),
-    (r"a800([- ]sxm4| pcie|-pcie)?([- ]\d+gb)?( pcie)?", _AMPERE_A100),
-    (r"l40s", {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12}),
-    (r"l40", {"fp32": 90.5e12, "tf32": 90.5e12, "bf16": 181e12, "fp16": 181e12}),
-    (r"l4", {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12}),
-    (r"a10g", {"fp32": 31.2e12, "tf32": 35e12, "bf16": 70e12, "fp16": 70e12}),
-    (r"a10", {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12}),
-    (r"v100([- ]sxm2)?([- ]\d+gb)?", {"fp32": 15.7e12, "fp16": 125e12}),
-]
+def state_keys(callbacks: Sequence[Callback]) -> list[str]:
+    """Each callback's key in a checkpoint: its name (a name listed twice: ``name#2``, ``name#3``, ...)."""
+    seen: dict[str, int] = {}
+    keys = []
+    for cb in callbacks:
+        name = cb.name or type(cb).__name__
+        seen[name] = seen.get(name, 0) + 1
+        keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return keys
 
 
-def normalise_device_name(device_name: str) -> str:
-    """``"NVIDIA H100 80GB HBM3"`` -> ``"h100 80gb hbm3"``: vendor prefixes off, lower case, single spaces."""
-    name = " ".join(device_name.strip().lower().split())
-    for prefix in ("nvidia ", "tesla "):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-    return name
+def callback_states(callbacks: Sequence[Callback]) -> dict[str, dict]:
+    """Every callback's ``state_dict()`` by name (what a checkpoint saves)."""
+    return {key: cb.state_dict() for key, cb in zip(state_keys(callbacks), callbacks)}
 
 
-def peak_flops(device_name: str, precision: str) -> float | None:
-    """Per-device peak FLOP/s for ``precision``, or None when the device is not in the table.
+def load_callback_states(callbacks: Sequence[Callback], saved: dict[str, dict]) -> None:
+    """Give each callback the state saved under its name; one the checkpoint lacks starts afresh.
 
-    The whole normalised name must match one pattern (no substring matching).
+    Position-keyed states (``"{i}:{ClassName}"``, the older checkpoint format) load where the same
+    class sits at the same position.
     """
-    name = normalise_device_name(device_name)
-    for pattern, table in PEAK_FLOPS:
-        if re.fullmatch(pattern, name):
-            return table.get(precision)
-    return None
-
-
-def attention_flops_tokens(attention_mask: torch.Tensor, segment_ids: torch.Tensor | None = None) -> float:
-    """Sum over sequences of (real length)^2, the attention term of :func:`step_flops`.
-
-    Counted on real tokens, like the linear layers: MFU measures useful work, so padding (which a
-    padded SDPA kernel also computes) is not credited. With ``segment_ids`` (packed rows: 1, 2, ... per
-    example, 0 on padding) each example of a row is a sequence of its own, as it attends only within
-    itself. The same count for the padded, unpadded and packed paths. Call it on the CPU batch.
-    """
-    if segment_ids is None:
-        lengths = attention_mask.sum(dim=1, dtype=torch.float64)
-    else:
-        rows = torch.arange(segment_ids.shape[0]).unsqueeze(1) * (int(segment_ids.max()) + 1)
-        lengths = torch.bincount((rows + segment_ids)[attention_mask != 0]).to(torch.float64)
-    return float((lengths * lengths).sum())
-
-
-def step_flops(facts: StepFacts, ctx: TrainContext) -> float:
-    """Training FLOPs of a step: 6 x matmul params x tokens + attention; MLM head only where it ran."""
-    pc, h = ctx.param_counts, ctx.hidden_size
-    encoder = 6 * pc["encoder_matmul"] * facts.tokens
-    # QK^T and AV: 2 x 2 x seq x hidden per token per layer forward, x3 for backward
-    attention = 12 * ctx.num_layers * h * facts.attention_flops_tokens
-    sparse = getattr(ctx.cfg.model, "sparse_mlm_head", True)
-    dense_rows = facts.tokens if getattr(ctx.cfg.model, "unpad", False) else facts.padded_tokens
-    mlm_rows = facts.mlm_count if sparse else dense_rows
-    mlm = 6 * (pc["mlm_transform_matmul"] + pc["mlm_decoder_matmul"]) * mlm_rows
-    nsp = 6 * (pc["pooler_matmul"] + pc["nsp_matmul"]) * facts.sequences
-    return float(encoder + attention + mlm + nsp)
+    for i, (key, cb) in enumerate(zip(state_keys(callbacks), callbacks)):
+        d = saved.get(key, saved.get(f"{i}:{type(cb).__name__}"))
+        if d is not None:
+            cb.load_state_dict(d)
 
 
 # --------------------------------------------------------------------------------------------------
-# monitors
+# monitors every loop can use
 # --------------------------------------------------------------------------------------------------
-class ThroughputMonitor(BaseCallback):
-    """Tokens/s (non-padding), sequences/s, step ms, MFU, data-wait fraction.
-
-    Step times are wall-clock between reads of the step metrics, shared evenly by the steps read
-    (every step, or every ``log_every`` steps with ``train.metrics_sync=log``); a read waits for the
-    device, so the time of each window, and the run's average, is exact.
-    """
-
-    def __init__(self, cfg: Any):
-        super().__init__(cfg)
-        self.warmup_steps = max(2, cfg.train.max_steps // 10)
-        self.times: list[float] = []
-        self.tokens: list[int] = []
-        self.seqs: list[int] = []
-        self.flops: list[float] = []
-        self.peak: float | None = None
-
-    def on_train_start(self, state: Any, ctx: TrainContext) -> None:
-        super().on_train_start(state, ctx)
-        per_device = peak_flops(ctx.precision.get("device_name", ""), ctx.precision.get("name", ""))
-        self.peak = per_device * ctx.num_processes if per_device else None
-
-    def on_step_end(self, state: Any, logs: dict) -> None:
-        f, ctx = state.facts, self.ctx
-        assert ctx is not None and f is not None
-        dt = max(f.step_time_s, 1e-9)
-        flops = step_flops(f, ctx)
-        logs["time/step_ms"] = 1000.0 * dt
-        logs["throughput/tokens_per_sec"] = f.tokens / dt
-        logs["throughput/seqs_per_sec"] = f.sequences / dt
-        logs["throughput/mfu"] = flops / dt / self.peak if self.peak else None
-        logs["data/wait_fraction"] = min(1.0, f.data_wait_s / dt)
-        self.times.append(dt)
-        self.tokens.append(f.tokens)
-        self.seqs.append(f.sequences)
-        self.flops.append(flops)
-
-    def state_dict(self) -> dict:
-        return {"times": self.times, "tokens": self.tokens, "seqs": self.seqs, "flops": self.flops}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.times, self.tokens = list(d["times"]), list(d["tokens"])
-        self.seqs, self.flops = list(d["seqs"]), list(d["flops"])
-
-    def on_train_end(self, state: Any, summary: dict) -> None:
-        skip = self.warmup_steps if len(self.times) > self.warmup_steps else 0
-        t = sum(self.times[skip:])
-        if not t:
-            summary["throughput"] = {"steps_measured": 0}
-            return
-        summary["throughput"] = {
-            "steps_measured": len(self.times) - skip,
-            "warmup_steps_excluded": skip,
-            "tokens_per_sec": sum(self.tokens[skip:]) / t,
-            "seqs_per_sec": sum(self.seqs[skip:]) / t,
-            "step_ms": 1000.0 * t / (len(self.times) - skip),
-            "mfu": sum(self.flops[skip:]) / t / self.peak if self.peak else None,
-            "peak_flops": self.peak,
-        }
-
-
-class LossMonitor(BaseCallback):
-    """MLM / NSP loss and accuracy, total loss, learning rate and gradient norm of every step.
-
-    ``loss/nsp`` and ``accuracy/nsp`` are None when the step had no NSP labels (objective=mlm).
-    """
-
-    def on_step_end(self, state: Any, logs: dict) -> None:
-        f = state.facts
-        mlm = f.mlm_loss_sum / max(f.mlm_count, 1.0)
-        nsp = f.nsp_loss_sum / f.nsp_count if f.nsp_count else None
-        logs["loss/total"] = mlm + (nsp or 0.0)
-        logs["loss/mlm"] = mlm
-        logs["loss/nsp"] = nsp
-        logs["accuracy/mlm"] = f.mlm_correct / max(f.mlm_count, 1.0)
-        logs["accuracy/nsp"] = f.nsp_correct / f.nsp_count if f.nsp_count else None
-        logs["optim/lr"] = f.lr
-        logs["optim/grad_norm"] = f.grad_norm
-
-
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -290,6 +139,8 @@ def peak_rss_bytes() -> int:
 class MemoryMonitor(BaseCallback):
     """Peak device memory: CUDA allocator peak, or the process's peak RSS on CPU (over the whole run,
     the processes before a resume included)."""
+
+    name = "memory"
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
@@ -316,13 +167,13 @@ class MemoryMonitor(BaseCallback):
             return int(torch.cuda.max_memory_reserved(self.ctx.device))
         return None
 
-    def on_step_end(self, state: Any, logs: dict) -> None:
+    def on_step_end(self, state: LoopState, facts: LoopStepFacts, logs: dict) -> None:
         logs["memory/peak_bytes"] = self._peak()
         reserved = self._peak_reserved()
         if reserved is not None:
             logs["memory/peak_reserved_bytes"] = reserved
 
-    def on_train_end(self, state: Any, summary: dict) -> None:
+    def on_train_end(self, state: LoopState, summary: dict) -> None:
         assert self.ctx is not None
         summary["memory"] = {
             "peak_bytes": self._peak(),
@@ -337,13 +188,15 @@ class LossScaleMonitor(BaseCallback):
     """fp16: current loss scale and the number of skipped (overflowed) steps; bf16_pure: the share of
     each update that reached the bf16 weights (``bf16/update_efficiency``); silent otherwise."""
 
+    name = "loss_scale"
+
     def _scale(self) -> float | None:
         scaler = self.ctx.scaler if self.ctx else None
         if scaler is None or not scaler.is_enabled():
             return None
         return float(scaler.get_scale())
 
-    def on_step_end(self, state: Any, logs: dict) -> None:
+    def on_step_end(self, state: LoopState, facts: LoopStepFacts, logs: dict) -> None:
         scale = self._scale()
         if scale is not None:
             logs["amp/loss_scale"] = scale
@@ -353,32 +206,8 @@ class LossScaleMonitor(BaseCallback):
 
             logs.update(update_efficiency_logs())
 
-    def on_train_end(self, state: Any, summary: dict) -> None:
+    def on_train_end(self, state: LoopState, summary: dict) -> None:
         summary["amp"] = {"loss_scale": self._scale(), "skipped_steps": state.skipped_steps}
-
-
-# name -> class or "module:Class" (imported lazily, so optional callbacks cost nothing unless used)
-REGISTRY: dict[str, Any] = {
-    "throughput": ThroughputMonitor,
-    "loss": LossMonitor,
-    "memory": MemoryMonitor,
-    "loss_scale": LossScaleMonitor,
-    "parity": "bert_mp.sweep.parity:ParityCallback",
-}
-
-
-def build_callbacks(cfg: Any) -> list[Any]:
-    """Instantiate ``cfg.train.callbacks`` by name, in order, each with the full Config."""
-    out = []
-    for name in cfg.train.callbacks:
-        if name not in REGISTRY:
-            raise ConfigError(f"train.callbacks: unknown callback {name!r}; known: {', '.join(REGISTRY)}")
-        target = REGISTRY[name]
-        if isinstance(target, str):
-            module, cls = target.split(":")
-            target = getattr(importlib.import_module(module), cls)
-        out.append(target(cfg))
-    return out
 
 
 def finite_or_none(x: Any) -> Any:

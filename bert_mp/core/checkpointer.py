@@ -2,19 +2,22 @@
 
 A checkpoint holds the training state (model, optimizer, scaler, scheduler, RNG of every rank; no
 pickle, see :mod:`bert_mp.core.state_io`) and one JSON payload: the loop state plus the state of
-every callback, so a resumed run's monitors cover the whole run. Before each save the free space is
-compared with the size of the last checkpoint, and a save that will not fit is warned about once.
+every callback under its name, so a resumed run's monitors cover the whole run (also when the list of
+callbacks was reordered). Before each save the free space is compared with the size of the last
+checkpoint, and a save that will not fit is warned about once.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bert_mp.core import checkpoint as ckpt
 from bert_mp.core import storage
+from bert_mp.core.callbacks import Callback, callback_states, load_callback_states
 from bert_mp.core.loop import LoopState
 from bert_mp.errors import BertMPWarning
 
@@ -22,7 +25,7 @@ from bert_mp.errors import BertMPWarning
 class Checkpointer:
     """Owns a loop's checkpoint timing: every ``save_every`` steps before the end, and on demand."""
 
-    def __init__(self, accelerator: Any, cfg: Any, max_steps: int, callbacks: list[Any] = ()):
+    def __init__(self, accelerator: Any, cfg: Any, max_steps: int, callbacks: Sequence[Callback] = ()):
         self.accelerator = accelerator
         self.dir = Path(cfg.output_dir) / "checkpoints"
         self.every, self.total_limit, self.max_steps = cfg.save_every, cfg.save_total_limit, max_steps
@@ -54,10 +57,7 @@ class Checkpointer:
                 self.last_saved = Path(folder)
                 self.restored_meta = payload.get("meta", {})
                 state.load_state_dict(payload)
-                for i, cb in enumerate(self.callbacks):
-                    saved = payload.get("callbacks", {}).get(f"{i}:{type(cb).__name__}")
-                    if saved is not None and hasattr(cb, "load_state_dict"):
-                        cb.load_state_dict(saved)
+                load_callback_states(self.callbacks, payload.get("callbacks", {}))
         return str(folder) if resume and folder is not None else None
 
     def start_clock(self, state: LoopState) -> None:
@@ -77,11 +77,7 @@ class Checkpointer:
         """Checkpoint now (collective: every rank calls it)."""
         state.elapsed_s = self.elapsed()
         payload = state.state_dict()
-        payload["callbacks"] = {
-            f"{i}:{type(cb).__name__}": cb.state_dict()
-            for i, cb in enumerate(self.callbacks)
-            if hasattr(cb, "state_dict")
-        }
+        payload["callbacks"] = callback_states(self.callbacks)  # by name: a reordered list still resumes
         payload["meta"] = self.meta
         self.check_room()
         self.last_saved = ckpt.save_checkpoint(

@@ -14,7 +14,7 @@ from typing import Any
 
 from bert_mp.errors import ConfigError, Interrupted
 
-_NOT_CHECKPOINTED = ("facts", "stop_reason", "pending_signal")
+_NOT_CHECKPOINTED = ("stop_reason", "pending_signal")
 
 
 @dataclass
@@ -37,8 +37,6 @@ class LoopState:
     """Set by a callback (or a signal): the loop saves and stops after the current step."""
     pending_signal: str | None = None
     """A SIGTERM/SIGINT arrived; shared with every rank at the next step's all-reduce."""
-    facts: Any = None
-    """The last step's raw facts, for callbacks (not checkpointed)."""
 
     def state_dict(self) -> dict:
         d = asdict(self)

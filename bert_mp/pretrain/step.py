@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from bert_mp.core.callbacks import LossSums, attention_flops_tokens
 from bert_mp.core.distributed import backward_kwargs, set_micro_batch_boundary
 from bert_mp.model.bert import drop_full_attention_mask
+from bert_mp.pretrain.monitors import LossSums, attention_flops_tokens
 
 SUM_KEYS = tuple(f.name for f in fields(LossSums))
 """The loss sums and counts ``PretrainingModel`` returns for a batch."""

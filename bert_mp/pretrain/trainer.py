@@ -31,7 +31,6 @@ from torch.utils.data import DataLoader
 from bert_mp.core import checkpoint as ckpt
 from bert_mp.core import console
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
-from bert_mp.core.callbacks import StepFacts, TrainContext, build_callbacks
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
@@ -68,6 +67,7 @@ from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
 from bert_mp.pretrain.evaluate import evaluate
 from bert_mp.pretrain.export import pretraining_facts
+from bert_mp.pretrain.monitors import PretrainContext, StepFacts, build_callbacks
 from bert_mp.pretrain.run_guard import check_output_dir, data_change_error
 from bert_mp.pretrain.step import StepTotals, device_scalar, forward_backward
 
@@ -245,7 +245,7 @@ class Trainer:
             changes=self.config_changes,
         )
         announce_resume(acc, "train", self.resumed_from, self.state.step, self.config_changes)
-        self.ctx = TrainContext(
+        self.ctx = PretrainContext(
             cfg=self.cfg,
             device=acc.device,
             precision=self.plan.describe(self.scaler),
@@ -386,7 +386,7 @@ class Trainer:
         """Hand one step's facts to the callbacks, then write what they logged."""
         s, tc = self.state, self.tc
         grad_norm = row["grad_norm"]
-        s.facts = StepFacts(
+        facts = StepFacts(
             **totals.sums(),
             tokens=int(totals.tokens),
             padded_tokens=int(totals.padded_tokens),
@@ -399,7 +399,7 @@ class Trainer:
         )
         logs: dict = {"step": s.step, "kind": "train"}
         for cb in self.callbacks:
-            cb.on_step_end(s, logs)
+            cb.on_step_end(s, facts, logs)
         self.log.write(logs)
         if s.step % tc.log_every == 0 or s.step == tc.max_steps:
             self.log.track(logs, s.step)

@@ -310,7 +310,10 @@ class ParityCallback:
     ``sweep.parity_window`` steps, relative to the reference at the same step); when the relative
     deviation exceeds ``train.parity_tolerance`` it warns once per excursion, or with
     ``train.parity_action=stop`` asks the loop to save and stop. The end summary gets a ``parity`` block.
+    A :class:`bert_mp.core.callbacks.Callback`; it reads the logged loss, not the step's facts.
     """
+
+    name = "parity"
 
     def __init__(self, cfg: Any):
         tcfg = cfg.train
@@ -342,7 +345,7 @@ class ParityCallback:
                 f"train.parity_reference {self.reference_path}: no train loss/mlm lines to compare to"
             )
 
-    def on_step_end(self, state: Any, logs: dict) -> None:
+    def on_step_end(self, state: Any, facts: Any, logs: dict) -> None:
         step = int(logs.get("step", getattr(state, "step", -1)))
         value = logs.get("loss/mlm")
         if value is None or step not in self._ref_mlm:

@@ -1,4 +1,4 @@
-"""callbacks.py: registry, FLOPs / MFU arithmetic, monitors' keys."""
+"""core/callbacks.py and pretrain/monitors.py: registry, FLOPs / MFU arithmetic, monitors' keys."""
 
 from __future__ import annotations
 
@@ -7,20 +7,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bert_mp.core.callbacks import (
+from bert_mp.core.callbacks import LossScaleMonitor, MemoryMonitor
+from bert_mp.core.config import Config, TrainConfig
+from bert_mp.errors import ConfigError
+from bert_mp.pretrain.monitors import (
     REGISTRY,
     LossMonitor,
-    LossScaleMonitor,
-    MemoryMonitor,
+    PretrainContext,
     StepFacts,
     ThroughputMonitor,
-    TrainContext,
     build_callbacks,
     peak_flops,
     step_flops,
 )
-from bert_mp.core.config import Config, TrainConfig
-from bert_mp.errors import ConfigError
 
 
 def _facts(**kw) -> StepFacts:
@@ -46,7 +45,7 @@ def _facts(**kw) -> StepFacts:
 
 def _ctx(
     cfg: Config, device_name: str = "NVIDIA H100 80GB HBM3", precision: str = "bf16", **kw
-) -> TrainContext:
+) -> PretrainContext:
     counts = {
         "encoder_matmul": 1000,
         "pooler_matmul": 16,
@@ -66,7 +65,7 @@ def _ctx(
         is_main_process=True,
     )
     args.update(kw)
-    return TrainContext(**args)
+    return PretrainContext(**args)
 
 
 def test_registry_builds_by_name_in_order():
@@ -104,20 +103,20 @@ def test_throughput_and_mfu():
     mon = ThroughputMonitor(cfg)
     ctx = _ctx(cfg, num_processes=2)
     mon.on_train_start(None, ctx)
-    state = SimpleNamespace(step=1, facts=_facts())
+    state, facts = SimpleNamespace(step=1), _facts()
     logs: dict = {}
-    mon.on_step_end(state, logs)
+    mon.on_step_end(state, facts, logs)
     assert logs["throughput/tokens_per_sec"] == 800.0 and logs["throughput/seqs_per_sec"] == 8.0
     assert logs["time/step_ms"] == 500.0 and logs["data/wait_fraction"] == pytest.approx(0.2)
-    assert logs["throughput/mfu"] == pytest.approx(step_flops(state.facts, ctx) / 0.5 / (2 * 989.4e12))
+    assert logs["throughput/mfu"] == pytest.approx(step_flops(facts, ctx) / 0.5 / (2 * 989.4e12))
     cpu = ThroughputMonitor(cfg)
     cpu.on_train_start(None, _ctx(cfg, device_name="Intel Xeon"))
     logs = {}
-    cpu.on_step_end(state, logs)
+    cpu.on_step_end(state, facts, logs)
     assert logs["throughput/mfu"] is None
     summary: dict = {}
     for _ in range(30):
-        cpu.on_step_end(state, {})
+        cpu.on_step_end(state, facts, {})
     cpu.on_train_end(state, summary)
     assert summary["throughput"]["tokens_per_sec"] == pytest.approx(800.0)
     assert summary["throughput"]["mfu"] is None and summary["throughput"]["warmup_steps_excluded"] > 0
@@ -125,27 +124,27 @@ def test_throughput_and_mfu():
 
 def test_loss_memory_and_scale_monitors():
     cfg = Config()
-    state = SimpleNamespace(step=1, facts=_facts(), skipped_steps=2)
+    state, facts = SimpleNamespace(step=1, skipped_steps=2), _facts()
     logs: dict = {}
-    LossMonitor(cfg).on_step_end(state, logs)
+    LossMonitor(cfg).on_step_end(state, facts, logs)
     assert logs["loss/mlm"] == 3.0 and logs["loss/nsp"] == 0.5 and logs["loss/total"] == 3.5
     assert logs["accuracy/mlm"] == 0.5 and logs["accuracy/nsp"] == 0.75
     assert logs["optim/lr"] == 1e-3 and logs["optim/grad_norm"] == 0.5
 
     mem = MemoryMonitor(cfg)
     mem.on_train_start(state, _ctx(cfg))
-    mem.on_step_end(state, logs)
+    mem.on_step_end(state, facts, logs)
     assert logs["memory/peak_bytes"] > 10 * 2**20  # a Python process with torch loaded
 
     quiet = LossScaleMonitor(cfg)
     quiet.on_train_start(state, _ctx(cfg))
     out: dict = {}
-    quiet.on_step_end(state, out)
+    quiet.on_step_end(state, facts, out)
     assert out == {}
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
     mon = LossScaleMonitor(cfg)
     mon.on_train_start(state, _ctx(cfg, scaler=scaler))
-    mon.on_step_end(state, out)
+    mon.on_step_end(state, facts, out)
     assert out == {"amp/loss_scale": 256.0, "amp/skipped_steps": 2}
 
 
@@ -155,12 +154,12 @@ def test_resumed_run_reports_throughput_and_parity_of_the_whole_run(tmp_path, mo
     from accelerate.state import AcceleratorState, GradientState
     from support import make_prepared, tiny_config
 
-    from bert_mp.core import callbacks
     from bert_mp.core.callbacks import BaseCallback
+    from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import train
 
     class StopAt4(BaseCallback):
-        def on_step_end(self, state, logs):
+        def on_step_end(self, state, facts, logs):
             if state.step == 4 and not getattr(self, "resumed", False):
                 state.stop_reason = "test stop at 4"
 
@@ -170,7 +169,7 @@ def test_resumed_run_reports_throughput_and_parity_of_the_whole_run(tmp_path, mo
         def load_state_dict(self, d):
             self.resumed = d["resumed"]
 
-    monkeypatch.setitem(callbacks.REGISTRY, "stop_at_4", StopAt4)
+    monkeypatch.setitem(monitors.REGISTRY, "stop_at_4", StopAt4)
     data = make_prepared(tmp_path / "data")
 
     def run(name, resume=None, stop=False, **kw):

@@ -14,7 +14,6 @@ import yaml
 from support import ROOT, tiny_model_config
 from transformers import BertForPreTraining
 
-from bert_mp.core.callbacks import attention_flops_tokens, peak_flops
 from bert_mp.core.config import load_config
 from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import (
@@ -34,6 +33,7 @@ from bert_mp.model.bert import (
     drop_full_attention_mask,
 )
 from bert_mp.model.dropout import resolve_dropout_impl
+from bert_mp.pretrain.monitors import attention_flops_tokens, peak_flops
 from bert_mp.sweep.diagnostics import (
     classify_cuda_kernel,
     cuda_kernel_kind,

@@ -8,13 +8,13 @@ import torch.nn.functional as F
 from support import make_tokenizer
 from transformers import BertConfig, BertForPreTraining
 
-from bert_mp.core.callbacks import attention_flops_tokens
 from bert_mp.core.config import Config, DataConfig, ModelConfig
 from bert_mp.data.masking import PretrainingCollator
 from bert_mp.data.packing import pack_rows
 from bert_mp.errors import ConfigError
 from bert_mp.model.bert import PretrainingModel
 from bert_mp.model.unpad import run_unpadded, unpad_index
+from bert_mp.pretrain.monitors import attention_flops_tokens
 
 MAX_LEN = 64
 

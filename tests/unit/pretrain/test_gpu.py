@@ -209,6 +209,7 @@ def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
     evaluation and checkpoint copy tensors to the host by design), per ``train.metrics_sync`` mode,
     bounded so a regression shows."""
     from bert_mp.core import callbacks
+    from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import train
 
     n_steps = 6
@@ -219,11 +220,11 @@ def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("warn")
 
-        def on_step_end(self, state, logs):
+        def on_step_end(self, state, facts, logs):
             if state.step == n_steps:
                 torch.cuda.set_sync_debug_mode("default")
 
-    monkeypatch.setitem(callbacks.REGISTRY, "sync_window", SyncWindow)
+    monkeypatch.setitem(monitors.REGISTRY, "sync_window", SyncWindow)
     train(_gpu_config(tmp_path / "warm", precision="bf16", max_steps=2, export=False), data)
     per_mode = {}
     for mode in ("step", "log"):
