@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.core import console
 from bert_mp.core.accelerator import build_accelerator, resolve_plan
+from bert_mp.core.callbacks import Callback, LoopStepFacts, LossScaleMonitor, TrainContext
 from bert_mp.core.checkpointer import Checkpointer
 from bert_mp.core.conditions import announce_start
 from bert_mp.core.config import Config, load_config
@@ -205,7 +206,8 @@ class FineTuner:
         self.best = BestValidation(ft.select_best)
         acc.register_for_checkpointing(self.scheduler, self.best)
         set_seed(ft.seed + acc.process_index)  # dropout streams differ per rank
-        self.checkpointer = Checkpointer(acc, ft, self.total_steps)
+        self.callbacks: list[Callback] = [LossScaleMonitor(self.cfg)]  # the shared monitors that apply here
+        self.checkpointer = Checkpointer(acc, ft, self.total_steps, self.callbacks)
         self.guard = NumericsGuard.for_loop(ft, self.scaler, warmup_key="warmup_ratio")
         self.batches: Any = None
 
@@ -217,8 +219,24 @@ class FineTuner:
         self.log.open(self.state.step if self.resumed_from else None, changes=self.config_changes)
         announce_resume(self.accelerator, "finetune", self.resumed_from, self.state.step, self.config_changes)
         self.log.start_bar(self.total_steps, self.state.step, "finetune")
+        self.start_callbacks()
         self.checkpointer.start_clock(self.state)
         self.model.train()
+
+    def start_callbacks(self) -> None:
+        """The shared monitors learn the run's device, precision and scaler (step rows only: the
+        summary keeps fine-tuning's own fields)."""
+        acc = self.accelerator
+        ctx = TrainContext(
+            cfg=self.cfg,
+            device=acc.device,
+            precision=self.plan.describe(self.scaler),
+            num_processes=acc.num_processes,
+            is_main_process=acc.is_main_process,
+            scaler=self.scaler,
+        )
+        for cb in self.callbacks:
+            cb.on_train_start(self.state, ctx)
 
     def next_batch(self) -> tuple[dict, bool]:
         """The next training batch from the checkpointed data position; True when it ends an epoch."""
@@ -273,22 +291,20 @@ class FineTuner:
             self.save()
 
     def record_step(self, loss: float, lr: float, grad_norm: Any, t0: float) -> None:
+        """One step's row: the loss, LR, gradient norm and time, then what the shared monitors add
+        (``amp/loss_scale``, ``amp/skipped_steps`` under fp16)."""
+        facts = LoopStepFacts(lr=lr, grad_norm=float(grad_norm), step_time_s=time.perf_counter() - t0)
         row = {
             "step": self.state.step,
             "kind": "train",
             "epoch": self.state.step / self.steps_per_epoch,
             "loss/ce": loss,
-            "optim/lr": lr,
-            "optim/grad_norm": float(grad_norm),
-            "time/step_ms": 1000 * (time.perf_counter() - t0),
+            "optim/lr": facts.lr,
+            "optim/grad_norm": facts.grad_norm,
+            "time/step_ms": 1000 * facts.step_time_s,
         }
-        if self.scaler is not None:
-            row.update(
-                {
-                    "amp/loss_scale": float(self.scaler.get_scale()),
-                    "amp/skipped_steps": self.state.skipped_steps,
-                }
-            )
+        for cb in self.callbacks:
+            cb.on_step_end(self.state, facts, row)
         self.log.write(row)
         self.log.progress(1, loss=f"{loss:.4f}")
 
