@@ -44,7 +44,7 @@ def is_complete(path: Path) -> bool:
 
 
 def load_prepared(path: str | Path) -> PreparedData:
-    """Load a folder written by :func:`prepare`; refuses a partial one."""
+    """Load a folder written by :func:`bert_mp.data.prepare.build.prepare`; refuses a partial one."""
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
