@@ -193,4 +193,3 @@ class DataConfig:
             if d[k] == default:
                 d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-

@@ -76,4 +76,3 @@ class ModelConfig:
         _range(self.max_position_embeddings, "model.max_position_embeddings", 8)
         _range(self.hidden_dropout_prob, "model.hidden_dropout_prob", 0.0, 1.0)
         _range(self.attention_probs_dropout_prob, "model.attention_probs_dropout_prob", 0.0, 1.0)
-

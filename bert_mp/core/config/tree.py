@@ -53,4 +53,3 @@ class Config:
                 f"{self.train.precision}",
                 self.model.attn_implementation,
             )
-

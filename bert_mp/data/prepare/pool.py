@@ -19,7 +19,6 @@ from bert_mp.data.prepare.cache import SPLITS
 from bert_mp.data.prepare.read import arrow_stream, stop_pool
 from bert_mp.errors import DataError
 
-
 _PAIR_WORKER: tuple | None = None
 """``(pairer, blocks, out_dir)`` in a pairing worker process (:func:`_init_pair_worker`)."""
 

@@ -29,7 +29,11 @@ def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int, rng: random.
 
 
 def pairs_from_token_lists(
-    documents, max_seq_length: int, rng: random.Random, short_seq_prob: float = 0.1, nsp_random_prob: float = 0.5
+    documents,
+    max_seq_length: int,
+    rng: random.Random,
+    short_seq_prob: float = 0.1,
+    nsp_random_prob: float = 0.5,
 ) -> tuple[list[dict], PairStats]:
     """Pairing for small inputs: documents as lists of sentences of token ids -> examples as dicts
     (``input_ids``, ``token_type_ids``, ``next_sentence_label``) and the stats; empty sentences and
