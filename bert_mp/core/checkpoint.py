@@ -29,6 +29,8 @@ from bert_mp.core.hold import hold
 from bert_mp.errors import BertMPWarning, TrainingError
 
 MARKER = "COMPLETE"
+"""The checkpoint's manifest (sizes and digests of every file), written last and verified before any
+load. A prepared data folder's ``COMPLETE`` is only a finished-build stamp (``data/prepare/cache.py``)."""
 LOOP_STATE = "loop_state.json"
 _NAME = re.compile(r"^step_(\d{8})$")
 

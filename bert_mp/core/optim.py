@@ -6,8 +6,11 @@ pytorch-optimizer, StableAdamW and Lion from torch-optimi. Under ``precision=bf1
 are bf16 and ``bf16_update`` decides how updates reach them: torch-optimi's own Kahan summation
 where the optimizer has it (adamw, stable_adamw, lion), :mod:`bert_mp.core.lowprec`'s step hooks
 otherwise (stochastic rounding, and ``none``: round to nearest, where small updates vanish; the hooks
-measure how much of each update reached the weights). fp16 needs nothing
-here: the GradScaler unscales before the step and skips it on overflow, whatever the optimizer.
+measure how much of each update reached the weights). fp16 needs nothing of the optimizer: the
+GradScaler unscales before the step and skips it on overflow, whatever the optimizer.
+
+:func:`optimizer_step` is the update both loops run: unscale (fp16), clip, step, zero the gradients,
+and tell whether the GradScaler skipped the step.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from bert_mp.core.config import LoopConfig, TrainConfig
+from bert_mp.core.precision import accelerate_unscales
 
 # Parameters named like these are LayerNorm weights; they and every bias get no weight decay.
 _NO_DECAY_NAMES = ("LayerNorm.weight", "layer_norm.weight", "norm.weight")
@@ -178,3 +182,46 @@ def lr_lambda(schedule: Schedule | TrainConfig) -> Callable[[int], float]:
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule | TrainConfig) -> LambdaLR:
     """Warmup then decay; stepped by the loop only after an optimizer step that was not skipped."""
     return LambdaLR(optimizer, lr_lambda(schedule))
+
+
+def unscale_gradients(accelerator: Any, optimizer: Any) -> None:
+    """Unscale fp16 gradients before clipping / measuring their norm.
+
+    Accelerate unscales inside ``clip_grad_norm_`` only for its own native amp (CUDA); for our CPU
+    scaler we do it here, once per step.
+    """
+    scaler = accelerator.scaler
+    if scaler is None or accelerate_unscales(accelerator):
+        return
+    inner = getattr(optimizer, "optimizer", optimizer)
+    scaler.unscale_(inner)
+
+
+def optimizer_step(
+    accelerator: Any, optimizer: Any, parameters: Any, max_grad_norm: float, scaler: Any
+) -> tuple[Any, bool]:
+    """Unscale (fp16), clip, step and zero the gradients; returns ``(grad_norm, skipped)``.
+
+    ``skipped`` is true when the GradScaler found inf/NaN gradients and skipped the step: it lowers
+    its scale exactly then. (Accelerate's ``optimizer_step_was_skipped`` misses it for fused AdamW,
+    which skips inside its kernel.) ``grad_norm`` may be None where the engine clips itself.
+    """
+    unscale_gradients(accelerator, optimizer)
+    max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = accelerator.clip_grad_norm_(parameters, max_norm)
+    # The scale is compared on the device and read back once (``get_scale()`` twice would be two syncs).
+    scale_before = _scale_tensor(scaler)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    skipped = scale_before is not None and bool(_scale_tensor(scaler) < scale_before)
+    return grad_norm, skipped
+
+
+def _scale_tensor(scaler: Any) -> torch.Tensor | None:
+    """The GradScaler's current scale as a tensor copy (no host read), None without an active scaler."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)
+    if torch.is_tensor(scale):
+        return scale.detach().clone()
+    return torch.tensor(float(scaler.get_scale()))

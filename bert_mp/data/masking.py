@@ -18,9 +18,9 @@ import torch
 
 from bert_mp.core.config import DataConfig
 
-# Stream tags keep the masking and pairing randomness apart under one seed.
 STREAM_MASKING = 1
-STREAM_PAIRS = 2
+"""Stream tag of every masking draw under ``data.seed`` (:func:`derive_rng`). Pairing seeds its own
+``random.Random`` per block and the split assignment hashes with its own tag (data/prepare/blocks.py)."""
 
 _PLACEHOLDER = re.compile(r"^(\[unused\d+\]|<unused\d+>|\[[A-Z_]+\]|<[a-z_]+>)$")
 

@@ -80,25 +80,14 @@ class PairParams:
     nsp_random_prob: float = 0.5
 
 
-def _below(rng: random.Random, n: int) -> int:
-    """Uniform integer in ``[0, n)``; ``random()`` scaled is ~10x cheaper than ``randrange`` and
-    its bias (below 2**-40 for any realistic ``n``) is far beneath anything pairing can notice."""
-    return int(rng.random() * n)
-
-
-def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random) -> tuple[int, ...]:
-    """Tokens to drop ``(a_front, a_back, b_front, b_back)`` so that ``len_a + len_b <= max``.
+def _truncate(len_a: int, len_b: int, max_num_tokens: int, getrandbits: Any) -> tuple[int, int, int, int]:
+    """Tokens to drop ``(a_front, a_back, b_front, b_back)`` so that ``len_a + len_b <= max_num_tokens``
+    (for a pair that does not fit).
 
     Same distribution as the reference loop (drop one token from the longer side - B on a tie -
     front or back with equal odds, until it fits) in O(1): the per-side totals are determined by
     the lengths, and the front share of k fair coin flips is Binomial(k, 1/2).
     """
-    if len_a + len_b <= max_num_tokens:
-        return 0, 0, 0, 0
-    return _truncate(len_a, len_b, max_num_tokens, rng.getrandbits)
-
-
-def _truncate(len_a: int, len_b: int, max_num_tokens: int, getrandbits: Any) -> tuple[int, int, int, int]:
     excess = len_a + len_b - max_num_tokens
     if len_a > len_b:
         d = len_a - len_b
@@ -122,7 +111,10 @@ def block_pairs(
 ) -> list[tuple[int, int, int, int, int]]:
     """Pairs ``(a0, a1, b0, b1, label)`` of ``docs`` (token spans of the block: sentence ``s`` is
     ``sent_bounds[s:s+2]``, document ``d`` sentences ``doc_sents[d:d+2]``), drawing from ``rng`` in
-    document order (prepare seeds one generator per block)."""
+    document order (prepare seeds one generator per block).
+
+    A uniform integer in ``[0, n)`` is ``int(random() * n)``: ~10x cheaper than ``randrange``, and its
+    bias (below 2**-40 for any realistic ``n``) is far beneath anything pairing can notice."""
     uniform, getrandbits = rng.random, rng.getrandbits
     n_docs, max_tokens, short_prob = len(doc_sents) - 1, params.max_num_tokens, params.short_seq_prob
     b_target, b_prior, b_gain = balance.target, balance.prior, balance.gain
@@ -230,40 +222,3 @@ def build_examples(
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths.reshape(n, 5).sum(1), out=offsets[1:])
     return input_ids, token_type_ids, offsets, p[:, 4].astype(np.int64)
-
-
-def pairs_from_token_lists(
-    documents: Sequence[Sequence[Sequence[int]]],
-    max_seq_length: int,
-    rng: random.Random,
-    short_seq_prob: float = 0.1,
-    nsp_random_prob: float = 0.5,
-    cls_id: int = 2,
-    sep_id: int = 3,
-) -> tuple[list[dict], PairStats]:
-    """Convenience form for small inputs: documents as lists of sentences of token ids.
-
-    Returns examples as dicts (``input_ids``, ``token_type_ids``, ``next_sentence_label``) and
-    the stats; empty sentences and documents are skipped, like the prepare pipeline does.
-    """
-    kept = [[list(s) for s in d if len(s)] for d in documents]
-    kept = [d for d in kept if d]
-    sent_lens = [len(s) for d in kept for s in d]
-    sent_bounds = [0, *np.cumsum(sent_lens, dtype=np.int64).tolist()]
-    doc_sents = [0, *np.cumsum([len(d) for d in kept], dtype=np.int64).tolist()]
-    flat = np.array([t for d in kept for s in d for t in s], dtype=np.int32)
-    params = PairParams(max_seq_length - 3, short_seq_prob, nsp_random_prob)
-    balance, stats = NspBalance(nsp_random_prob), PairStats()
-    pairs = block_pairs(range(len(kept)), sent_bounds, doc_sents, params, rng, balance, stats)
-    if not pairs:
-        return [], stats
-    ids, types, offsets, labels = build_examples(flat, pairs, cls_id, sep_id)
-    examples = [
-        {
-            "input_ids": ids[offsets[k] : offsets[k + 1]].tolist(),
-            "token_type_ids": types[offsets[k] : offsets[k + 1]].tolist(),
-            "next_sentence_label": int(labels[k]),
-        }
-        for k in range(len(pairs))
-    ]
-    return examples, stats

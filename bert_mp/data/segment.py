@@ -106,12 +106,9 @@ def split_sentences(text: str, max_chars: int = 2048) -> list[str]:
     return _finish(pieces, max_chars)
 
 
-def mark_sentences(text: str, marker: str) -> str:
-    """``text`` with ``marker`` at every rule boundary (replacing the whitespace there) and at the end."""
-    return _mark_rule(text, marker)[0]
-
-
 def _mark_rule(text: str, marker: str) -> tuple[str, int]:
+    """``text`` with ``marker`` at every rule boundary (replacing the whitespace there) and at the
+    end, and the number of markers."""
     # Split at sentence ends and join with the marker: every step runs in C. (A substitution
     # template with the group reference expands in Python once per boundary before Python 3.12,
     # ~40% slower.) parts = [text, punctuation, text, punctuation, ..., text].

@@ -35,8 +35,8 @@ from bert_mp.core.export import finish_hf_folder
 from bert_mp.core.guard import NumericsGuard
 from bert_mp.core.hold import hold
 from bert_mp.core.loop import BatchGeometry, LoopState, exit_code, outcome_line, stop_on_signals
-from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
-from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler, optimizer_step
+from bert_mp.core.precision import install_scaler, library_versions
 from bert_mp.core.run_guard import announce_resume, check_output_dir
 from bert_mp.core.runlog import RunLog
 from bert_mp.core.sophia import HessianEstimator

@@ -195,15 +195,6 @@ def check_attn_implementation(name: str, device: torch.device | str | None = Non
     return name
 
 
-def check_attn_precision(name: str, precision: str) -> None:
-    """flash-attn kernels exist only for 16-bit inputs: refuse fp32/tf32 with flash_attention_2."""
-    if name == "flash_attention_2" and precision not in ("bf16", "fp16"):
-        raise ConfigError(
-            f"model.attn_implementation=flash_attention_2 needs train.precision=bf16 or fp16 (got {precision}); "
-            "use sdpa for fp32/tf32"
-        )
-
-
 def drop_full_attention_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Return ``batch`` without its ``attention_mask`` when it has no padding (decided on the host batch).
 

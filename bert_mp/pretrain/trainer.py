@@ -47,8 +47,8 @@ from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp trai
     outcome_line,
     stop_on_signals,
 )
-from bert_mp.core.optim import build_optimizer, build_scheduler
-from bert_mp.core.precision import install_scaler, library_versions, optimizer_step
+from bert_mp.core.optim import build_optimizer, build_scheduler, optimizer_step
+from bert_mp.core.precision import install_scaler, library_versions
 from bert_mp.core.run_guard import announce_resume
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.core.sophia import HessianEstimator

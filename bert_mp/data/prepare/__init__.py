@@ -13,8 +13,9 @@ that would be reused.
 
 The stages are modules: :mod:`.cache` (the folder on disk: what training and export import),
 :mod:`.read` (the corpus into Arrow), :mod:`.blocks` (splits, blocks, pairing), :mod:`.vocab` (the
-tokenizer), :mod:`.pool` (the pairing workers), :mod:`.stats` (``stats.json`` and the summary) and
-:mod:`.build` (the command).
+tokenizer), :mod:`.pool` (the pairing workers), :mod:`.stats` (``stats.json`` and the summary),
+:mod:`.interrupts` (Ctrl-C and SIGTERM: one line, no worker left behind) and :mod:`.build` (the
+command).
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ import pyarrow.compute as pc
 from bert_mp.core import console, storage
 from bert_mp.core.config import Config, load_config, save_config
 from bert_mp.core.io import atomic_write_json
-from bert_mp.core.loop import interrupts_in_this_process_only
 from bert_mp.data import allocator
 from bert_mp.data.corpus import describe_source
 from bert_mp.data.fingerprint import folder_fingerprint
 from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
-from bert_mp.data.prepare.cache import cache_path, is_complete
+from bert_mp.data.prepare.cache import MARKER, cache_path, is_complete
+from bert_mp.data.prepare.interrupts import interrupts_in_this_process_only
 from bert_mp.data.prepare.pool import pair_blocks
 from bert_mp.data.prepare.read import first_occurrences, read_documents
 from bert_mp.data.prepare.stats import collect_stats, print_summary, stats_warnings
@@ -131,7 +131,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                 _say_if_rebuilt_differently(final, stats["fingerprint"])
                 save_config(data_only(cfg), tmp / "config.yaml")
                 atomic_write_json(tmp / "stats.json", stats)
-                (tmp / "COMPLETE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+                (tmp / MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
                 storage.replace_folder(tmp, final)
             except BaseException as e:
                 if caught.signum is None:

@@ -14,6 +14,12 @@ from bert_mp.core.config import DataConfig
 from bert_mp.errors import DataError
 
 SPLITS = ("train", "validation")
+MARKER = "COMPLETE"
+"""Written last into a prepared folder, holding the time of the build: the build finished. Not a
+manifest like a checkpoint's marker of the same name (which lists sizes and digests and is verified
+before a load): a prepared folder is built under a temporary name and renamed into place whole, and
+its bytes are vouched for by ``stats.json``'s ``fingerprint``, which a resume compares. The name is
+kept so that every existing cache is still found."""
 
 
 @dataclass
@@ -33,12 +39,12 @@ def cache_path(data: DataConfig) -> Path:
 
 
 def is_complete(path: Path) -> bool:
-    """Whether ``path`` holds a finished build (its ``COMPLETE`` marker is written last)."""
-    return (Path(path) / "COMPLETE").is_file()
+    """Whether ``path`` holds a finished build (its :data:`MARKER` is written last)."""
+    return (Path(path) / MARKER).is_file()
 
 
 def load_prepared(path: str | Path) -> PreparedData:
-    """Load a folder written by :func:`prepare`; refuses a partial one."""
+    """Load a folder written by :func:`bert_mp.data.prepare.build.prepare`; refuses a partial one."""
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
@@ -46,7 +52,7 @@ def load_prepared(path: str | Path) -> PreparedData:
     if not path.is_dir():
         raise DataError(f"no prepared data at {path}; run `bert-mp prepare` first")
     if not is_complete(path):
-        raise DataError(f"{path} is incomplete (no COMPLETE marker); rerun `bert-mp prepare --force`")
+        raise DataError(f"{path} is incomplete (no {MARKER} marker); rerun `bert-mp prepare --force`")
     stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
     return PreparedData(
         dataset=load_from_disk(str(path / "dataset")),

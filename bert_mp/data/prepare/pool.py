@@ -19,6 +19,9 @@ from bert_mp.data.prepare.cache import SPLITS
 from bert_mp.data.prepare.read import arrow_stream, stop_pool
 from bert_mp.errors import DataError
 
+_PAIR_WORKER: tuple | None = None
+"""``(pairer, blocks, out_dir)`` in a pairing worker process (:func:`_init_pair_worker`)."""
+
 
 def _init_pair_worker(pairer: BlockPairer, blocks: dict, out_dir: Path) -> None:
     global _PAIR_WORKER

@@ -74,10 +74,6 @@ def remove_own_tokenizer_tmp(data: DataConfig) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-_PAIR_WORKER: tuple | None = None
-"""``(pairer, blocks, out_dir)`` in a pairing worker process (:func:`_init_pair_worker`)."""
-
-
 def tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: bool) -> tuple[Any, str]:
     """``data.tokenizer`` loaded, or a WordPiece tokenizer trained on the training documents (kept
     and reused by every data config with the same training text: :func:`tokenizer_cache_path`);

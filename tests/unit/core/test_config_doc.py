@@ -27,7 +27,7 @@ def test_every_key_is_listed_with_its_default_and_a_description():
     defaults = _leaves(asdict(Config()))
     for key, tp, default, doc in rows:
         assert default == defaults[key], key
-        assert tp and doc, f"{key} has no type or no docstring in bert_mp/config.py"
+        assert tp and doc, f"{key} has no type or no docstring in bert_mp/core/config/"
 
 
 def test_selectors_filter_and_unknown_ones_name_the_sections():

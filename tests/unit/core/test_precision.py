@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from bert_mp.core import precision
-from bert_mp.core.precision import install_scaler, resolve_precision, unscale_gradients
+from bert_mp.core.optim import unscale_gradients
+from bert_mp.core.precision import install_scaler, resolve_precision
 from bert_mp.errors import HardwareError
 
 CPU = torch.device("cpu")

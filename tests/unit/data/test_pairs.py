@@ -10,9 +10,55 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bert_mp.data.pairs import NspBalance, build_examples, pairs_from_token_lists, truncation_amounts
+from bert_mp.data.pairs import NspBalance, PairParams, PairStats, _truncate, block_pairs, build_examples
 
 CLS, SEP = 2, 3
+
+
+def _below(rng: random.Random, n: int) -> int:
+    """Uniform integer in ``[0, n)`` as the pairing loop draws it inline: ``int(random() * n)``."""
+    return int(rng.random() * n)
+
+
+def truncation_amounts(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random) -> tuple[int, ...]:
+    """Tokens to drop ``(a_front, a_back, b_front, b_back)`` so that ``len_a + len_b <= max``: the
+    pairing loop's truncation, callable on any pair."""
+    if len_a + len_b <= max_num_tokens:
+        return 0, 0, 0, 0
+    return _truncate(len_a, len_b, max_num_tokens, rng.getrandbits)
+
+
+def pairs_from_token_lists(
+    documents,
+    max_seq_length: int,
+    rng: random.Random,
+    short_seq_prob: float = 0.1,
+    nsp_random_prob: float = 0.5,
+) -> tuple[list[dict], PairStats]:
+    """Pairing for small inputs: documents as lists of sentences of token ids -> examples as dicts
+    (``input_ids``, ``token_type_ids``, ``next_sentence_label``) and the stats; empty sentences and
+    documents are skipped, as prepare skips them."""
+    kept = [[list(s) for s in d if len(s)] for d in documents]
+    kept = [d for d in kept if d]
+    sent_lens = [len(s) for d in kept for s in d]
+    sent_bounds = [0, *np.cumsum(sent_lens, dtype=np.int64).tolist()]
+    doc_sents = [0, *np.cumsum([len(d) for d in kept], dtype=np.int64).tolist()]
+    flat = np.array([t for d in kept for s in d for t in s], dtype=np.int32)
+    params = PairParams(max_seq_length - 3, short_seq_prob, nsp_random_prob)
+    balance, stats = NspBalance(nsp_random_prob), PairStats()
+    pairs = block_pairs(range(len(kept)), sent_bounds, doc_sents, params, rng, balance, stats)
+    if not pairs:
+        return [], stats
+    ids, types, offsets, labels = build_examples(flat, pairs, CLS, SEP)
+    examples = [
+        {
+            "input_ids": ids[offsets[k] : offsets[k + 1]].tolist(),
+            "token_type_ids": types[offsets[k] : offsets[k + 1]].tolist(),
+            "next_sentence_label": int(labels[k]),
+        }
+        for k in range(len(pairs))
+    ]
+    return examples, stats
 
 
 def _corpus(rng: random.Random, n_docs: int, max_sents: int, max_len: int):
@@ -179,8 +225,6 @@ def test_properties_on_arbitrary_documents(docs, max_seq_length, short, seed):
 def _walk_pairs(doc, sent_bounds, doc_sents, params, rng, balance, stats):
     """The pairing loop written as the reference walks it, one sentence at a time; the library
     finds chunk and B ends by binary search and must consume the RNG and decide identically."""
-    from bert_mp.data.pairs import _below
-
     first, last = doc_sents[doc], doc_sents[doc + 1]
     n_docs = len(doc_sents) - 1
     target = params.max_num_tokens

@@ -13,11 +13,15 @@ from bert_mp.data.segment import (
     build_splitter,
     count_markers,
     flatten_ids,
-    mark_sentences,
     split_marked_tokens,
     split_sentences,
 )
 from bert_mp.errors import DataError
+
+
+def mark_sentences(text: str, marker: str) -> str:
+    """``text`` with ``marker`` at every rule boundary (replacing the whitespace there) and at the end."""
+    return _mark_rule(text, marker)[0]
 
 
 def test_splits_on_sentence_ends_and_blank_lines():

@@ -1,0 +1,42 @@
+"""One typed config tree for every bert_mp command.
+
+Defaults live in the section dataclasses; a YAML recipe from ``configs/`` is merged on top, and dotted
+CLI overrides (``train.micro_batch_size=64``) on top of that (OmegaConf structured configs do the
+merging and type checking). Unknown keys and bad values fail before any work starts, with a message
+naming the key. Each section owns a ``validate()`` that checks ranges and choices.
+
+The modules, by concern: :mod:`.checks` (the checks ``validate()`` uses), :mod:`.data`
+(``DataConfig``), :mod:`.model` (``ModelConfig``), :mod:`.loops` (``LoopConfig`` and the ``train`` and
+``finetune`` sections that extend it), :mod:`.sweep` (``SweepConfig``), :mod:`.tree` (``Config``, the
+whole tree, and ``HardwareConfig``) and :mod:`.load` (YAML and overrides in, YAML out). Import the
+names from here.
+"""
+
+from __future__ import annotations
+
+from bert_mp.core.config.data import DOCUMENT_MODES, OBJECTIVES, DataConfig
+from bert_mp.core.config.load import config_from_layers, config_to_dict, load_config, load_yaml, save_config
+from bert_mp.core.config.loops import OPTIMIZERS, FinetuneConfig, LoopConfig, TrainConfig
+from bert_mp.core.config.model import MODEL_PRESETS, ModelConfig
+from bert_mp.core.config.sweep import SweepConfig
+from bert_mp.core.config.tree import Config, HardwareConfig
+
+__all__ = [
+    "DOCUMENT_MODES",
+    "MODEL_PRESETS",
+    "OBJECTIVES",
+    "OPTIMIZERS",
+    "Config",
+    "DataConfig",
+    "FinetuneConfig",
+    "HardwareConfig",
+    "LoopConfig",
+    "ModelConfig",
+    "SweepConfig",
+    "TrainConfig",
+    "config_from_layers",
+    "config_to_dict",
+    "load_config",
+    "load_yaml",
+    "save_config",
+]

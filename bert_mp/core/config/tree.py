@@ -1,0 +1,55 @@
+"""The whole tree: every section under one :class:`Config`, and the checks that span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from bert_mp.core.config.checks import _check
+from bert_mp.core.config.data import DataConfig
+from bert_mp.core.config.loops import FinetuneConfig, TrainConfig
+from bert_mp.core.config.model import ModelConfig
+from bert_mp.core.config.sweep import SweepConfig
+
+
+@dataclass
+class HardwareConfig:
+    """What to do where the hardware lacks a precision; read by train, finetune and sweep alike."""
+
+    allow_emulated: bool = False
+    """Run bf16 / fp16 on a CPU without native support (no AVX512-BF16/AMX, no AVX512-FP16/AMX-FP16)
+    through torch's emulation, with a warning: the numerics of the mode at ~15-70x the fp32 matmul
+    cost. Off: such a precision is refused (a sweep skips it). No effect on GPUs or native CPUs."""
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class Config:
+    """The whole tree. Every command reads the sections it needs."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+
+    def validate(self) -> None:
+        for f in fields(self):
+            getattr(self, f.name).validate()
+        if self.data.pack_pairs:
+            _check(
+                self.model.unpad,
+                "data.pack_pairs",
+                "packed rows need the unpadded encoder to keep examples apart; add model.unpad=true",
+                self.data.pack_pairs,
+            )
+        if self.model.attn_implementation == "flash_attention_2":
+            _check(
+                self.train.precision in ("bf16", "fp16"),
+                "model.attn_implementation",
+                "flash_attention_2 has kernels for bf16/fp16 only; use sdpa with train.precision="
+                f"{self.train.precision}",
+                self.model.attn_implementation,
+            )
