@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 class TrainingLoop(abc.ABC):
     """One training run: the skeleton both loops share (see the module docstring for what a
-    product overrides). ``set_up`` must set every attribute below that has no default."""
+    product overrides). ``set_up`` sets the attributes below that have no default (``restore`` sets
+    ``resumed_from``)."""
 
     command: ClassVar[str]
     """The ``bert-mp`` command the run belongs to (``train`` / ``finetune``), named in its lines."""
@@ -144,6 +145,7 @@ class TrainingLoop(abc.ABC):
 
     def on_start(self) -> None:
         """The product's start, after the log opens and before the clock starts (nothing by default)."""
+        return
 
     def bar_label(self) -> str:
         return self.command
@@ -178,6 +180,7 @@ class TrainingLoop(abc.ABC):
     # ---- save and end ------------------------------------------------------------------------------
     def flush(self) -> None:
         """Log the step rows still pending (pretraining keeps them on the device); nothing by default."""
+        return
 
     def save(self) -> Path:
         self.flush()  # the steps before a checkpoint are read (and checked) before it is written

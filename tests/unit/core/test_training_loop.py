@@ -87,7 +87,9 @@ class FakeLoop(training_loop.TrainingLoop):
         self.conditions = SimpleNamespace(at_end=lambda: {"threads": 1})
         self.accelerator = None  # announce_resume says nothing for a fresh start
         self.log, self.checkpointer = FakeLog(self.calls), FakeCheckpointer(self.calls)
-        self.model = SimpleNamespace(parameters=lambda: iter(()), train=lambda: self.calls.append("train mode"))
+        self.model = SimpleNamespace(
+            parameters=lambda: iter(()), train=lambda: self.calls.append("train mode")
+        )
         self.optimizer = SimpleNamespace(zero_grad=lambda set_to_none: self.calls.append("zero_grad"))
         self.scheduler, self.scaler, self.hessian = FakeScheduler(), scaler, None
         self.guard = NumericsGuard("fp16", scaler, 2, "fake", "warmup_steps")
@@ -131,7 +133,16 @@ def start(total: int) -> list[str]:
     return ["set_up", "restore", "write_config", "open", "clock", f"bar fake 0/{total}", "train mode"]
 
 
-COMMON = ("status", "resumed_from", "steps", "skipped_steps", "stop_reason", "precision", "versions", "conditions")
+COMMON = (
+    "status",
+    "resumed_from",
+    "steps",
+    "skipped_steps",
+    "stop_reason",
+    "precision",
+    "versions",
+    "conditions",
+)
 
 
 def test_a_completed_run_steps_to_the_end_then_completes_once(skips):
@@ -139,7 +150,16 @@ def test_a_completed_run_steps_to_the_end_then_completes_once(skips):
     ended = []
     loop.callbacks = [SimpleNamespace(on_train_end=lambda state, summary: ended.append(dict(summary)))]
     summary = loop.run()
-    assert loop.calls == [*start(3), "step 0", "step 1", "step 2", "flush", "close_bar", "complete", "finish completed"]
+    assert loop.calls == [
+        *start(3),
+        "step 0",
+        "step 1",
+        "step 2",
+        "flush",
+        "close_bar",
+        "complete",
+        "finish completed",
+    ]
     assert [lr for lr, _ in loop.updates] == pytest.approx([0.1, 0.2, 0.3])  # read before the scheduler steps
     assert set(COMMON) <= set(summary) and "error" not in summary
     assert summary["status"] == "completed" and summary["steps"] == 3 and summary["stop_reason"] is None
