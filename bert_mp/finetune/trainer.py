@@ -2,10 +2,11 @@
 
 The classifier comes from :mod:`bert_mp.finetune.model` (checkpoint and tokenizer resolution), the
 tokenised splits from :mod:`bert_mp.finetune.tasks`, evaluation and best-model selection from
-:mod:`bert_mp.finetune.metrics`; this module holds the loop. Training follows the pretraining loop's
-conventions - Accelerate, one precision plan from :mod:`bert_mp.core.precision`, fp32 loss, fp16 steps
-skipped by the scaler advance neither the scheduler nor the step count - on the training core it
-shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
+:mod:`bert_mp.finetune.metrics`; this module holds fine-tuning's parts of the loop. The loop itself
+is the skeleton pretraining runs too (:class:`bert_mp.core.training_loop.TrainingLoop`: the run, the
+optimizer update, a signal stop, saving, the stopped end) - Accelerate, one precision plan from
+:mod:`bert_mp.core.precision`, fp32 loss, fp16 steps skipped by the scaler advance neither the
+scheduler nor the step count - over the training core it shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
 collapse), epoch order (:func:`bert_mp.core.epochs.epoch_order`), checkpoints and resume
 (``finetune.resume=latest``), SIGTERM handling and run log. It writes ``config.yaml``,
 ``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every ``finetune.save_every``
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +34,15 @@ from bert_mp.core.config import Config, load_config
 from bert_mp.core.epochs import epoch_order
 from bert_mp.core.export import finish_hf_folder
 from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.hold import hold
-from bert_mp.core.loop import BatchGeometry, LoopState, exit_code, outcome_line, stop_on_signals
-from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler, optimizer_step
-from bert_mp.core.precision import install_scaler, library_versions
-from bert_mp.core.run_guard import announce_resume, check_output_dir
+from bert_mp.core.loop import BatchGeometry, exit_code, outcome_line
+from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
+from bert_mp.core.precision import install_scaler
+from bert_mp.core.run_guard import check_output_dir
 from bert_mp.core.runlog import RunLog
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
-from bert_mp.errors import ConfigError, DataError, TrainingError
+from bert_mp.core.training_loop import TrainingLoop
+from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
 from bert_mp.finetune.model import (
     ClassifierBuilder,
@@ -52,6 +53,7 @@ from bert_mp.finetune.model import (
     resolve_tokenizer,
 )
 from bert_mp.finetune.tasks import (
+    LabelSpace,
     TaskData,
     TaskRecord,
     build_label_space,
@@ -59,6 +61,9 @@ from bert_mp.finetune.tasks import (
     load_task,
     tokenize_split,
 )
+
+if TYPE_CHECKING:
+    from bert_mp.core.config import FinetuneConfig
 
 
 class EpochSampler(Sampler[int]):
@@ -77,31 +82,50 @@ class EpochSampler(Sampler[int]):
         return iter(epoch_order(self.n, self.seed, self.epoch).tolist())
 
 
-class FineTuner:
-    """One fine-tuning run over the shared training core. ``build_classifier`` is the seam for tests
-    that inject faults into the model."""
+def batch_geometry(batch_size: int, processes: int) -> BatchGeometry:
+    """One step's batch split evenly over the processes (fine-tuning takes no micro-batches)."""
+    if batch_size % processes:
+        raise ConfigError(
+            f"finetune.batch_size={batch_size} must be divisible by the number of processes ({processes}): "
+            f"each takes an equal share of every step"
+        )
+    return BatchGeometry(batch_size, batch_size // processes, processes)
+
+
+class FineTuner(TrainingLoop):
+    """One fine-tuning run over the shared loop skeleton (:class:`bert_mp.core.training_loop.TrainingLoop`).
+    ``build_classifier`` is the seam for tests that inject faults into the model."""
+
+    command = "finetune"
+    ft: FinetuneConfig
+    build_classifier: ClassifierBuilder
+    t_start: float
+    """When the run was created: ``elapsed_s`` covers data and model loading too."""
+    ckpt: str
+    """The checkpoint the classifier starts from (a local folder or a Hub name)."""
+    tok_ref: str
+    tokenizer: Any
+    loading: dict[str, Any]
+    """The classifier's loading record (init, newly initialised and unused weights)."""
+    task: TaskData
+    labels: LabelSpace
+    unseen: dict[str, dict[str, int]]
+    """Per split: labels outside the train label space, with their counts."""
+    tokenized: dict[str, Any]
+    truncated: dict[str, int]
+    sampler: EpochSampler
+    train_loader: DataLoader
+    eval_loaders: dict[str, DataLoader]
+    steps_per_epoch: int
+    best: BestValidation
+    batches: Iterator[dict] | None
+    """The current epoch's batches; None between epochs (and before the first)."""
 
     def __init__(self, cfg: Config, build_classifier: ClassifierBuilder = build_classifier):
-        self.cfg, self.ft = cfg, cfg.finetune
+        super().__init__(cfg, cfg.finetune)
+        self.ft = cfg.finetune
         self.build_classifier = build_classifier
-        self.state = LoopState()
         self.t_start = time.perf_counter()
-
-    def run(self) -> dict[str, Any]:
-        """Set up, restore, then step until done; select, test, export and finish."""
-        self.set_up()
-        self.restore()
-        self.log.write_config()  # after the restore, as in pretraining: a refused resume leaves config.yaml
-        self.start()
-        try:
-            with stop_on_signals(self.state):
-                while self.state.step < self.total_steps and not self.state.stop_reason:
-                    self.train_step()
-                    hold("step", self.state.step)  # tests only: stop here until signalled
-        except TrainingError as e:
-            self.finish("failed", error=str(e))
-            raise
-        return self.end()
 
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
@@ -137,10 +161,10 @@ class FineTuner:
     def load_task(self) -> None:
         """The task's splits with label ids; labels unseen in train are counted (or refused)."""
         ft = self.ft
-        self.task: TaskData = load_task(ft)
+        self.task = load_task(ft)
         splits = self.task.splits
         self.labels = build_label_space(splits["train"]["label"], self.task.stats.get("label_names"))
-        self.unseen: dict[str, dict[str, int]] = {}
+        self.unseen = {}
         for split in list(splits):
             ids, unseen_here = encode_labels(splits[split]["label"], self.labels, split, ft.unseen_labels)
             if unseen_here:
@@ -164,13 +188,7 @@ class FineTuner:
         from transformers import DataCollatorWithPadding, set_seed
 
         ft, acc = self.ft, self.accelerator
-        geometry = BatchGeometry.build(
-            ft.batch_size,
-            ft.batch_size // acc.num_processes,
-            acc.num_processes,
-            "finetune.batch_size",
-            "its share per process",
-        )
+        geometry = batch_geometry(ft.batch_size, acc.num_processes)
         collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=8)
         self.sampler = EpochSampler(len(self.tokenized["train"]), ft.seed)
         # Private generators: starting a loader must not draw from the global RNG, or a resumed run's
@@ -209,23 +227,10 @@ class FineTuner:
         self.callbacks: list[Callback] = [LossScaleMonitor(self.cfg)]  # the shared monitors that apply here
         self.checkpointer = Checkpointer(acc, ft, self.total_steps, self.callbacks)
         self.guard = NumericsGuard.for_loop(ft, self.scaler, warmup_key="warmup_ratio")
-        self.batches: Any = None
+        self.batches = None
 
-    # ---- restore and start -------------------------------------------------------------------------
-    def restore(self) -> None:
-        self.resumed_from = self.checkpointer.restore(self.ft.resume, self.state)
-
-    def start(self) -> None:
-        self.log.open(self.state.step if self.resumed_from else None, changes=self.config_changes)
-        announce_resume(self.accelerator, "finetune", self.resumed_from, self.state.step, self.config_changes)
-        self.log.start_bar(self.total_steps, self.state.step, "finetune")
-        self.start_callbacks()
-        self.checkpointer.start_clock(self.state)
-        self.model.train()
-
-    def start_callbacks(self) -> None:
-        """The shared monitors learn the run's device, precision and scaler (step rows only: the
-        summary keeps fine-tuning's own fields)."""
+    def on_start(self) -> None:
+        """The shared monitors learn the run's device, precision and scaler (step rows only)."""
         acc = self.accelerator
         ctx = TrainContext(
             cfg=self.cfg,
@@ -238,6 +243,7 @@ class FineTuner:
         for cb in self.callbacks:
             cb.on_train_start(self.state, ctx)
 
+    # ---- one step ----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[dict, bool]:
         """The next training batch from the checkpointed data position; True when it ends an epoch."""
         if self.batches is None:
@@ -252,7 +258,6 @@ class FineTuner:
             self.batches = None
         return batch, ended
 
-    # ---- one step ----------------------------------------------------------------------------------
     def train_step(self) -> None:
         """Forward/backward with an fp32 loss, guard, optimizer step; then record and evaluate."""
         s, acc = self.state, self.accelerator
@@ -269,18 +274,8 @@ class FineTuner:
         ).tolist()
         self.guard.check_loss(total_loss, s, self.save_discarding_gradients)
         acc.backward(loss)
-        if self.hessian is not None and self.hessian.due(s.step):
-            self.estimate_hessian(batch, targets)
-        lr = self.scheduler.get_last_lr()[0]
-        grad_norm, skipped = optimizer_step(
-            acc, self.optimizer, self.model.parameters(), self.ft.max_grad_norm, self.scaler
-        )
-        if stop > 0:
-            s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
-        self.guard.after_step(skipped, s, self.save)
+        lr, grad_norm, skipped = self.update(stop > 0, (batch, targets))
         if not skipped:
-            self.scheduler.step()
-            s.step += 1
             s.examples_seen += len(targets) * acc.num_processes
             self.record_step(float(loss.detach()), lr, grad_norm, t0)
             if self.ft.eval_every and s.step % self.ft.eval_every == 0:
@@ -325,21 +320,19 @@ class FineTuner:
         )
         self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
 
-    def save(self) -> Path:
-        return self.checkpointer.save(self.state)
+    def hessian_loss(self, batch: tuple[dict, torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """The step's loss for Sophia's Hutchinson estimate (see :mod:`bert_mp.core.sophia`)."""
+        inputs, targets = batch
 
-    def save_discarding_gradients(self) -> Path:
-        """Save the state before a step whose loss is not finite (its gradients are dropped)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        return self.save()
+        def loss() -> torch.Tensor:
+            with self.plan.autocast():
+                return F.cross_entropy(self.model(**inputs).logits.float(), targets)
+
+        return loss
 
     # ---- select, test, export, finish --------------------------------------------------------------
-    def end(self) -> dict[str, Any]:
-        """A stopped run saves and stops; a finished one validates, selects, tests and exports."""
-        self.log.close_bar()
-        if self.state.stop_reason:
-            self.save()
-            return self.finish("stopped")
+    def complete(self) -> dict[str, Any]:
+        """A finished run validates, selects, tests and exports."""
         if self.best.last_eval_step != self.state.step:
             self.validate()
         inner = self.accelerator.unwrap_model(self.model)
@@ -357,16 +350,7 @@ class FineTuner:
             )
             self.log.write({"step": self.state.step, "kind": "test", **log_view("test", test)})
         final_dir = self.export(inner, final_val, test) if self.ft.save_model else None
-        return self.finish("completed", final_val, test, final_dir)
-
-    def estimate_hessian(self, batch: dict, targets: torch.Tensor) -> None:
-        """Sophia's Hutchinson estimate on this batch (see :mod:`bert_mp.core.sophia`)."""
-
-        def loss() -> torch.Tensor:
-            with self.plan.autocast():
-                return F.cross_entropy(self.model(**batch).logits.float(), targets)
-
-        self.hessian.estimate(self.model, loss, self.state.step, self.scaler)
+        return self.finish("completed", final_val=final_val, test=test, final_dir=final_dir)
 
     def export(self, inner: Any, final_val: dict | None, test: dict | None) -> Path:
         """final/: save_pretrained + tokenizer + model card, renamed into place when complete."""
@@ -420,23 +404,17 @@ class FineTuner:
             "test macro-F1": fmt((test or {}).get("macro_f1")),
         }
 
-    def finish(
-        self,
-        status: str,
-        final_val: dict | None = None,
-        test: dict | None = None,
-        final_dir: Path | None = None,
-        error: str | None = None,
+    def summary_extras(
+        self, final_val: dict | None = None, test: dict | None = None, final_dir: Path | None = None
     ) -> dict[str, Any]:
+        """Checkpoint, tokenizer, loading, task, times and throughput, selection, metrics, model, final/."""
         s, ft = self.state, self.ft
         names = {
             split: self.labels.metric_names(self.unseen.get(split, {})) for split in ("validation", "test")
         }
         inner = self.accelerator.unwrap_model(self.model)
         train_s = self.checkpointer.elapsed()
-        summary = {
-            "status": status,
-            "resumed_from": self.resumed_from,
+        return {
             "checkpoint": self.ckpt,
             "tokenizer": self.tok_ref,
             "loading": {
@@ -446,10 +424,7 @@ class FineTuner:
                 "unused": self.loading["unused"],
             },
             "task": self.task_summary(),
-            "steps": s.step,
             "epochs_started": s.epoch + (1 if s.batch_in_epoch else 0),
-            "skipped_steps": s.skipped_steps,
-            "stop_reason": s.stop_reason,
             "train_elapsed_s": train_s,
             "elapsed_s": time.perf_counter() - self.t_start,
             "throughput": {"examples_per_sec": s.examples_seen / train_s if train_s > 0 else None},
@@ -459,20 +434,13 @@ class FineTuner:
             },
             "validation": named_metrics(final_val, names["validation"]) if final_val else None,
             "test": named_metrics(test, names["test"]) if test else None,
-            "precision": self.plan.describe(self.scaler),
-            "versions": library_versions(),
             "model": {
                 "hidden_size": inner.config.hidden_size,
                 "num_hidden_layers": inner.config.num_hidden_layers,
                 "parameters": sum(p.numel() for p in inner.parameters()),
             },
             "final": str(final_dir) if final_dir else None,
-            "conditions": self.conditions.at_end(),
         }
-        if error:
-            summary["error"] = error
-        self.log.finish(summary)
-        return summary
 
     def task_summary(self) -> dict[str, Any]:
         task, ft = self.task, self.ft

@@ -1,9 +1,13 @@
 """``bert-mp train``: pretrain ``BertForPreTraining`` with Accelerate under fp32 / tf32 / bf16 / fp16.
 
-:meth:`Trainer.run` is the loop in one screen; each part it names is a small method or a shared
-core object: the accelerator and precision plan (:mod:`bert_mp.core.accelerator`), the numerics
-guard (:mod:`bert_mp.core.guard`), the run log (:mod:`bert_mp.core.runlog`), the checkpointer, which
-knows when to save (:mod:`bert_mp.core.checkpointer`), and the step itself (:mod:`.step`).
+The loop's skeleton - ``run``, the update after a backward, saving, the stopped end, the summary's
+common fields - is :class:`bert_mp.core.training_loop.TrainingLoop`; :class:`Trainer` supplies
+pretraining's parts: set-up (data, model, callbacks), the loader, the step (:mod:`.step`), the
+device-side step metrics and their flush, evaluation, and the end of a finished run (final
+evaluation, save, export). The shared core objects: the accelerator and precision plan
+(:mod:`bert_mp.core.accelerator`), the numerics guard (:mod:`bert_mp.core.guard`), the run log
+(:mod:`bert_mp.core.runlog`) and the checkpointer, which knows when to save
+(:mod:`bert_mp.core.checkpointer`).
 
 Semantics worth knowing:
 
@@ -21,9 +25,9 @@ Semantics worth knowing:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -37,23 +41,20 @@ from bert_mp.core.config import Config, load_config
 from bert_mp.core.cuda import loader_kwargs
 from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
 from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.hold import hold
 from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp train`'s own
     STOP_EXIT_CODES,  # noqa: F401
     STOPPED_EXIT_CODE,  # noqa: F401
     BatchGeometry,
-    LoopState,
     exit_code,
     outcome_line,
-    stop_on_signals,
 )
-from bert_mp.core.optim import build_optimizer, build_scheduler, optimizer_step
-from bert_mp.core.precision import install_scaler, library_versions
-from bert_mp.core.run_guard import announce_resume
+from bert_mp.core.optim import build_optimizer, build_scheduler
+from bert_mp.core.precision import install_scaler
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.step_metrics import DeviceStepMetrics
-from bert_mp.errors import DataError, TrainingError
+from bert_mp.core.training_loop import TrainingLoop
+from bert_mp.errors import DataError
 from bert_mp.model.bert import (
     PretrainingModel,
     build_model,
@@ -70,6 +71,11 @@ from bert_mp.pretrain.export import pretraining_facts
 from bert_mp.pretrain.monitors import PretrainContext, StepFacts, build_callbacks
 from bert_mp.pretrain.run_guard import check_output_dir, data_change_error
 from bert_mp.pretrain.step import StepTotals, device_scalar, forward_backward
+
+if TYPE_CHECKING:
+    from bert_mp.core.config import TrainConfig
+    from bert_mp.data.masking import PretrainingCollator
+    from bert_mp.data.prepare.cache import PreparedData
 
 ModelBuilder = Callable[..., Any]
 """``build_model(model_cfg, vocab_size=, tokenizer_size=, max_seq_length=, pad_token_id=)``."""
@@ -92,36 +98,45 @@ def syncs_each_step(metrics_sync: str, device: torch.device) -> bool:
     return metrics_sync == "step"
 
 
-class Trainer:
-    """One pretraining run. ``build_model`` is the seam for tests that inject faults into the model."""
+class Trainer(TrainingLoop):
+    """One pretraining run over the shared loop skeleton (:class:`bert_mp.core.training_loop.TrainingLoop`).
+    ``build_model`` is the seam for tests that inject faults into the model."""
+
+    command = "train"
+    tc: TrainConfig
+    data: PreparedData | None
+    """The prepared data; None until :meth:`load_data` prepares (or reuses) it from the config."""
+    build_model: ModelBuilder
+    geometry: BatchGeometry
+    train_ds: Any
+    val_ds: Any
+    dropout_impl: str
+    inner: Any
+    """The unwrapped ``BertForPreTraining`` (its config and parameter counts)."""
+    counts: dict[str, int]
+    sync_each_step: bool
+    """Read the step's totals every step (``train.metrics_sync``) rather than at log points."""
+    pending: DeviceStepMetrics
+    collator: PretrainingCollator
+    sampler: MicroBatchSampler
+    batches: Iterator[dict]
+    ctx: PretrainContext
+    summary_start: dict[str, Any]
+    """summary.json's pretraining fields known at the start (model, batch, data), and ``export``."""
+    t_prev: float
+    """When the last step read ended: step time excludes evaluation and checkpoint time."""
 
     def __init__(self, cfg: Config, data: Any = None, build_model: ModelBuilder = build_model):
-        self.cfg, self.tc, self.data = cfg, cfg.train, data
+        super().__init__(cfg, cfg.train)
+        self.tc, self.data = cfg.train, data
         self.build_model = build_model
-        self.state = LoopState()
-
-    def run(self) -> dict:
-        """Set up, restore, load, then step until done; evaluate, save and finish."""
-        self.set_up()
-        self.restore()
-        self.log.write_config()  # after the restore: a refused resume leaves config.yaml as it was
-        self.build_loader()
-        self.start()
-        try:
-            with stop_on_signals(self.state):
-                while self.state.step < self.tc.max_steps and not self.state.stop_reason:
-                    self.train_step()
-                    hold("step", self.state.step)  # tests only: stop here until signalled
-        except TrainingError as e:
-            self.finish("failed", None, error=str(e))
-            raise
-        return self.end()
 
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
         """Accelerator, batch geometry and data, then model, optimizer and scheduler."""
         tc = self.tc
         self.config_changes = check_output_dir(self.cfg, tc)  # before any work
+        self.total_steps = self.final_eval_step = tc.max_steps
         self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
         self.accelerator = build_accelerator(self.plan, tc.output_dir, tc.log_with)
         world = self.accelerator.num_processes
@@ -199,8 +214,8 @@ class Trainer:
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:
-        """Model, optimizer, scheduler, scaler, RNG, loop and callback state from ``train.resume``."""
-        self.resumed_from = self.checkpointer.restore(self.tc.resume, self.state)
+        """The shared restore, then: a resume onto rebuilt prepared data is refused unless allowed."""
+        super().restore()
         trained_on = self.checkpointer.restored_meta.get("data_fingerprint")
         now = self.checkpointer.meta["data_fingerprint"]
         if trained_on and now and trained_on != now and not self.tc.allow_data_change:
@@ -237,14 +252,14 @@ class Trainer:
         self.batches = iter(loader)
 
     def start(self) -> None:
-        """Open the run log, start the callbacks, the clock and the progress bar."""
-        acc, tc = self.accelerator, self.tc
-        self.log.open(
-            self.state.step if self.resumed_from else None,
-            rerun_eval_step=tc.max_steps,
-            changes=self.config_changes,
-        )
-        announce_resume(acc, "train", self.resumed_from, self.state.step, self.config_changes)
+        """Build the loader, then the shared start (log, callbacks, clock, progress bar)."""
+        self.build_loader()
+        super().start()
+        self.t_prev = time.perf_counter()
+
+    def on_start(self) -> None:
+        """Start the callbacks with what they may read about the run."""
+        acc = self.accelerator
         self.ctx = PretrainContext(
             cfg=self.cfg,
             device=acc.device,
@@ -259,19 +274,14 @@ class Trainer:
         )
         for cb in self.callbacks:
             cb.on_train_start(self.state, self.ctx)
-        self.summary = self.initial_summary()
-        self.checkpointer.start_clock(self.state)
-        self.log.start_bar(tc.max_steps, self.state.step, f"train {self.plan.name}")
-        self.model.train()
-        self.t_prev = time.perf_counter()
+        self.summary_start = self.initial_summary()
+
+    def bar_label(self) -> str:
+        return f"train {self.plan.name}"
 
     def initial_summary(self) -> dict:
         g, inner = self.geometry, self.inner
         return {
-            "status": "running",
-            "resumed_from": self.resumed_from,
-            "precision": self.ctx.precision,
-            "versions": library_versions(),
             "model": {
                 "preset": self.cfg.model.preset,
                 "config": inner.config.to_diff_dict(),
@@ -279,7 +289,6 @@ class Trainer:
                 "dropout_impl": self.dropout_impl,
                 "attn_implementation": inner.config._attn_implementation,
             },
-            "conditions": self.conditions.to_dict(),
             "batch": {
                 "global": g.global_batch,
                 "micro": g.micro_batch,
@@ -311,20 +320,12 @@ class Trainer:
             stop = totals.stop_flag > 0
         elif self.geometry.world == 1:  # one rank: the signal is known on the host
             stop = s.pending_signal is not None
-        if self.hessian is not None and self.hessian.due(s.step):
-            self.estimate_hessian(micro[0])
-        lr = self.scheduler.get_last_lr()[0]
-        grad_norm, skipped = optimizer_step(
-            self.accelerator, self.optimizer, self.model.parameters(), self.tc.max_grad_norm, self.scaler
-        )
+        # consumed after the loss check: a save for a non-finite loss resumes at this batch, one at the
+        # skip limit (in the update) after it
         s.advance_batch(self.sampler.batches_per_epoch)
-        if stop:  # decided from the all-reduced flag, so every rank stops at this step
-            self.stop_for_signal()
-        self.guard.after_step(skipped, s, self.save)
+        lr, grad_norm, skipped = self.update(stop, micro[0])
         if skipped:
             return
-        self.scheduler.step()
-        s.step += 1
         row = torch.cat([reduced, grad_norm_row(grad_norm, reduced)])
         self.pending.record(s.step, row, {"lr": lr, "wait": wait})
         self.log.progress(1)
@@ -337,8 +338,8 @@ class Trainer:
             self.save()
             self.t_prev = time.perf_counter()  # checkpoint time is not step time
 
-    def estimate_hessian(self, batch: dict) -> None:
-        """Sophia's Hutchinson estimate on one micro-batch (see :mod:`bert_mp.core.sophia`)."""
+    def hessian_loss(self, batch: dict) -> Callable[[], torch.Tensor]:
+        """One micro-batch's loss for Sophia's Hutchinson estimate (see :mod:`bert_mp.core.sophia`)."""
         device = self.accelerator.device
         batch = {k: v.to(device) for k, v in drop_full_attention_mask(batch).items()}
 
@@ -349,11 +350,7 @@ class Trainer:
                 min=1
             )
 
-        self.hessian.estimate(self.model, loss, self.state.step, self.scaler)
-
-    def stop_for_signal(self) -> None:
-        s = self.state
-        s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+        return loss
 
     def flush(self) -> None:
         """Read the pending steps back (one device sync) and hand each to the guard, callbacks and log.
@@ -431,52 +428,36 @@ class Trainer:
         self.log.track(logs, self.state.step)
         return logs
 
-    def save(self) -> Path:
-        self.flush()  # the steps before a checkpoint are read (and checked) before it is written
-        return self.checkpointer.save(self.state)
-
-    def save_discarding_gradients(self) -> Path:
-        """Save the state before a step whose loss is not finite (its gradients are dropped)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        return self.save()
-
-    def end(self) -> dict:
-        """After the loop: a stopped run saves and stops; a finished one evaluates, saves, exports."""
-        self.flush()
-        self.log.close_bar()
-        if self.state.stop_reason:
-            self.save()
-            return self.finish("stopped", None)
+    def complete(self) -> dict:
+        """A finished run evaluates, saves and exports."""
         final_eval = self.evaluate()
         self.save()
         if self.tc.export:
             out = Path(self.tc.output_dir) / "final"
             facts = pretraining_facts(
-                self.cfg, self.state.step, self.plan.name, final_eval, self.summary["data"]
+                self.cfg, self.state.step, self.plan.name, final_eval, self.summary_start["data"]
             )
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.tc.export_dtype]
             ckpt.export_pretrained(self.accelerator, self.model, self.data.tokenizer, out, facts, dtype)
-            self.summary["export"] = str(out)
-        return self.finish("completed", clean(final_eval))
+            self.summary_start["export"] = str(out)
+        return self.finish("completed", final_eval=clean(final_eval))
 
-    def finish(self, status: str, final_eval: dict | None, error: str | None = None) -> dict:
-        """summary.json: the run's outcome plus what every callback adds."""
-        s, summary = self.state, self.summary
-        summary.update(
-            status=status, steps=s.step, elapsed_s=self.checkpointer.elapsed(), final_eval=final_eval
-        )
-        summary.update(stop_reason=s.stop_reason, skipped_steps=s.skipped_steps, tokens_seen=s.tokens_seen)
-        summary["conditions"] = self.conditions.at_end()
-        if error:
-            summary["error"] = error
+    def summary_extras(self, final_eval: dict | None = None) -> dict:
+        """Model, batch, data (and export), the run's time and tokens, the final evaluation, compile."""
+        extras = {
+            **self.summary_start,
+            "elapsed_s": self.checkpointer.elapsed(),
+            "final_eval": final_eval,
+            "tokens_seen": self.state.tokens_seen,
+        }
         if self.tc.compile != "none":
             from bert_mp.model.unpad import compiled_graphs
 
-            summary["compile"] = {"mode": self.tc.compile, "graphs": compiled_graphs()}
-        for cb in self.callbacks:
-            cb.on_train_end(s, summary)
-        self.log.finish(summary)
-        return summary
+            extras["compile"] = {"mode": self.tc.compile, "graphs": compiled_graphs()}
+        return extras
+
+    def precision_record(self) -> dict:
+        return self.ctx.precision  # as the callbacks were given it at the start
 
 
 def train(cfg: Config, data: Any = None, *, build_model: ModelBuilder = build_model) -> dict:

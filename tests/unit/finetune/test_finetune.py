@@ -264,6 +264,17 @@ def test_epoch_sampler_follows_the_epoch_order_pretraining_uses():
     assert list(sampler) == np.random.default_rng([3, 2]).permutation(50).tolist()
 
 
+def test_a_batch_size_the_processes_cannot_share_equally_names_the_key():
+    from bert_mp.finetune.trainer import batch_geometry
+
+    with pytest.raises(
+        ConfigError, match=r"finetune\.batch_size=10 must be divisible by the number of processes \(3\)"
+    ):
+        batch_geometry(10, 3)
+    g = batch_geometry(12, 3)
+    assert (g.global_batch, g.micro_batch, g.world, g.accumulation) == (12, 4, 3, 1)
+
+
 def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path, ckpt):
     """As in pretraining, config.yaml is written after the restore: a resume that fails keeps the old one."""
     from bert_mp.errors import TrainingError

@@ -1,0 +1,227 @@
+"""The training loop's skeleton, written once: pretraining and fine-tuning are subclasses of it.
+
+:class:`TrainingLoop` owns the order of a run and the parts both products run the same way:
+
+- :meth:`~TrainingLoop.run`: set up, restore, write ``config.yaml`` (after the restore, so a refused
+  resume leaves it as it was), start, then step until done or stopped, with SIGTERM / SIGINT turned
+  into a stop after the current step and the ``step`` hold point for tests; a :class:`TrainingError`
+  writes a ``failed`` summary and propagates;
+- :meth:`~TrainingLoop.update`, the block after a backward: Sophia's Hessian estimate when due, the
+  optimizer step, a signal stop, the numerics guard's skip accounting, then the scheduler and the step
+  count (a step the fp16 scaler skipped advances neither);
+- saving (plain, or discarding the gradients of a step whose loss is not finite), the stopped end
+  (close the bar, save, ``stopped``) and summary.json's common fields.
+
+A product overrides only what differs: :meth:`~TrainingLoop.set_up` (its data, model and the shared
+parts), :meth:`~TrainingLoop.train_step` (fetch a batch, forward/backward, then ``update``, then its
+records), :meth:`~TrainingLoop.hessian_loss`, :meth:`~TrainingLoop.complete` (its end-of-run work)
+and :meth:`~TrainingLoop.summary_extras`; hooks with a default: ``on_start``, ``flush``,
+``precision_record``, ``bar_label``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bert_mp.core.hold import hold
+from bert_mp.core.loop import LoopState, stop_on_signals
+from bert_mp.core.optim import optimizer_step
+from bert_mp.core.precision import library_versions
+from bert_mp.core.run_guard import announce_resume
+from bert_mp.errors import TrainingError
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from bert_mp.core.checkpointer import Checkpointer
+    from bert_mp.core.conditions import Conditions
+    from bert_mp.core.config import Config, LoopConfig
+    from bert_mp.core.guard import NumericsGuard
+    from bert_mp.core.precision import PrecisionPlan
+    from bert_mp.core.runlog import RunLog
+    from bert_mp.core.sophia import HessianEstimator
+
+
+class TrainingLoop(abc.ABC):
+    """One training run: the skeleton both loops share (see the module docstring for what a
+    product overrides). ``set_up`` sets the attributes below that have no default (``restore`` sets
+    ``resumed_from``)."""
+
+    command: ClassVar[str]
+    """The ``bert-mp`` command the run belongs to (``train`` / ``finetune``), named in its lines."""
+
+    cfg: Config
+    section: LoopConfig
+    """The run's section of the config (``cfg.train`` / ``cfg.finetune``)."""
+    state: LoopState
+    callbacks: list[Any]
+    """Observers of the run; each gets ``on_train_end`` with the summary (empty unless built)."""
+    config_changes: dict[str, tuple[Any, Any]]
+    """A resume's allowed config changes, ``key -> (old, new)``."""
+    plan: PrecisionPlan
+    conditions: Conditions
+    accelerator: Accelerator
+    log: RunLog
+    model: Any
+    """The prepared (wrapped) model the loop steps."""
+    optimizer: Any
+    scheduler: Any
+    """Stepped by hand, once per optimizer step that was not skipped."""
+    scaler: torch.amp.GradScaler | None
+    hessian: HessianEstimator | None
+    """Sophia's Hessian estimator (None for every other optimizer)."""
+    checkpointer: Checkpointer
+    guard: NumericsGuard
+    total_steps: int
+    """Optimizer steps of a complete run."""
+    final_eval_step: int | None = None
+    """The step whose evaluation a resume from the final checkpoint logs again (pretraining's)."""
+    resumed_from: str | None
+    """The checkpoint folder this run continued from, or None."""
+
+    def __init__(self, cfg: Config, section: LoopConfig) -> None:
+        self.cfg, self.section = cfg, section
+        self.state = LoopState()
+        self.callbacks = []
+
+    def run(self) -> dict[str, Any]:
+        """Set up, restore, start, then step until done or stopped; end. Returns summary.json's content."""
+        self.set_up()
+        self.restore()
+        self.log.write_config()  # after the restore: a refused resume leaves config.yaml as it was
+        self.start()
+        try:
+            with stop_on_signals(self.state):
+                while self.state.step < self.total_steps and not self.state.stop_reason:
+                    self.train_step()
+                    hold("step", self.state.step)  # tests only: stop here until signalled
+        except TrainingError as e:
+            self.finish("failed", error=str(e))
+            raise
+        return self.end()
+
+    # ---- what a product builds and runs ------------------------------------------------------------
+    @abc.abstractmethod
+    def set_up(self) -> None:
+        """Build the run's parts: accelerator, data, model, optimizer, scheduler, guard, checkpointer, log."""
+
+    @abc.abstractmethod
+    def train_step(self) -> None:
+        """One optimizer step: fetch the batch, forward/backward, :meth:`update`, then record."""
+
+    @abc.abstractmethod
+    def hessian_loss(self, batch: Any) -> Callable[[], torch.Tensor]:
+        """The loss of ``batch`` as a closure, for Sophia's Hessian estimate (see :meth:`update`)."""
+
+    @abc.abstractmethod
+    def complete(self) -> dict[str, Any]:
+        """A run that reached ``total_steps``: the product's end-of-run work, then ``finish("completed", ...)``."""
+
+    @abc.abstractmethod
+    def summary_extras(self, **results: Any) -> dict[str, Any]:
+        """The product's summary.json fields; ``results`` are what :meth:`complete` passed to ``finish``."""
+
+    # ---- restore and start -------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Model, optimizer, scheduler, scaler, RNG, loop and callback state from ``<section>.resume``."""
+        self.resumed_from = self.checkpointer.restore(self.section.resume, self.state)
+
+    def start(self) -> None:
+        """Open the run log (a resume keeps its rows), the product's start, the clock and the progress bar."""
+        s = self.state
+        self.log.open(
+            s.step if self.resumed_from else None,
+            rerun_eval_step=self.final_eval_step,
+            changes=self.config_changes,
+        )
+        announce_resume(self.accelerator, self.command, self.resumed_from, s.step, self.config_changes)
+        self.on_start()
+        self.checkpointer.start_clock(s)
+        self.log.start_bar(self.total_steps, s.step, self.bar_label())
+        self.model.train()
+
+    def on_start(self) -> None:
+        """The product's start, after the log opens and before the clock starts (nothing by default)."""
+        return
+
+    def bar_label(self) -> str:
+        return self.command
+
+    # ---- one step's update -------------------------------------------------------------------------
+    def update(self, stop: bool, batch: Any) -> tuple[float, Any, bool]:
+        """After the backward: the optimizer step and its accounting; returns ``(lr, grad_norm, skipped)``.
+
+        ``stop`` is the step's all-reduced signal flag: every rank ends the run after this step.
+        ``batch`` is what :meth:`hessian_loss` reads when Sophia's estimate is due.
+        """
+        s = self.state
+        if self.hessian is not None and self.hessian.due(s.step):
+            self.hessian.estimate(self.model, self.hessian_loss(batch), s.step, self.scaler)
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm, skipped = optimizer_step(
+            self.accelerator, self.optimizer, self.model.parameters(), self.section.max_grad_norm, self.scaler
+        )
+        if stop:  # decided from the all-reduced flag, so every rank stops at this step
+            self.stop_for_signal()
+        self.guard.after_step(skipped, s, self.save)
+        if not skipped:
+            self.scheduler.step()
+            s.step += 1
+        return lr, grad_norm, skipped
+
+    def stop_for_signal(self) -> None:
+        """End the run after this step: a signal arrived here, or (the all-reduced flag) on another rank."""
+        s = self.state
+        s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+
+    # ---- save and end ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Log the step rows still pending (pretraining keeps them on the device); nothing by default."""
+        return
+
+    def save(self) -> Path:
+        self.flush()  # the steps before a checkpoint are read (and checked) before it is written
+        return self.checkpointer.save(self.state)
+
+    def save_discarding_gradients(self) -> Path:
+        """Save the state before a step whose loss is not finite (its gradients are dropped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.save()
+
+    def end(self) -> dict[str, Any]:
+        """After the loop: a stopped run saves and stops; a finished one does the product's end-of-run work."""
+        self.flush()
+        self.log.close_bar()
+        if self.state.stop_reason:
+            self.save()
+            return self.finish("stopped")
+        return self.complete()
+
+    def finish(self, status: str, error: str | None = None, **results: Any) -> dict[str, Any]:
+        """summary.json: the fields every run has, the product's, then what every callback adds."""
+        s = self.state
+        summary = {
+            "status": status,
+            "resumed_from": self.resumed_from,
+            "steps": s.step,
+            "skipped_steps": s.skipped_steps,
+            "stop_reason": s.stop_reason,
+            "precision": self.precision_record(),
+            "versions": library_versions(),
+            "conditions": self.conditions.at_end(),
+            **self.summary_extras(**results),
+        }
+        if error:
+            summary["error"] = error
+        for cb in self.callbacks:
+            cb.on_train_end(s, summary)
+        self.log.finish(summary)
+        return summary
+
+    def precision_record(self) -> dict[str, Any]:
+        """The summary's ``precision``: what took effect (read now, with the loss scale reached)."""
+        return self.plan.describe(self.scaler)
