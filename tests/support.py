@@ -97,7 +97,7 @@ def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
 
 
 def make_prepared(root: Path, n_train: int = 256, n_val: int = 64, max_len: int = 32) -> SimpleNamespace:
-    """Write ``root/dataset``, ``root/tokenizer``, ``stats.json``, ``COMPLETE``; return a PreparedData-like object."""
+    """Write ``root/dataset``, ``root/tokenizer``, ``stats.json``, ``PREPARED``; return a PreparedData-like object."""
     root = Path(root)
     tokenizer = make_tokenizer()
     ds = DatasetDict(
@@ -114,7 +114,7 @@ def make_prepared(root: Path, n_train: int = 256, n_val: int = 64, max_len: int 
         "splits": {"train": n_train, "validation": n_val},
     }
     (root / "stats.json").write_text(json.dumps(stats))
-    (root / "COMPLETE").write_text("")
+    (root / "PREPARED").write_text("")
     return SimpleNamespace(dataset=ds, tokenizer=tokenizer, stats=stats, path=root)
 
 

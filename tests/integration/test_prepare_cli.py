@@ -40,7 +40,7 @@ def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
         tmp_path, "data.source=text", "data.paths=[hostile]", "data.vocab_size=300", "data.max_seq_length=32"
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    path = next(p for p in (tmp_path / "cache").iterdir() if (p / "COMPLETE").exists())
+    path = next(p for p in (tmp_path / "cache").iterdir() if (p / "PREPARED").exists())
     s = json.loads((path / "stats.json").read_text())
     assert s["documents"]["invalid_utf8_replaced"] > 0
     assert sum(v["sentences_cut_to_max_length"] for v in s["per_split"].values()) > 0  # the 2 MB line is used

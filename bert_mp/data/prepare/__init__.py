@@ -8,7 +8,7 @@ call), its documents paired (random B from another document of the block) and, i
 its examples masked. A block is a fixed set of documents keyed by
 global index and all randomness derives from (seed, split, dupe, block index), so the rows are
 byte-identical for any ``num_proc``. The result is built in a temporary folder and renamed into
-``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last; a crash never leaves a cache
+``<cache_dir>/<cache_key>/`` with a ``PREPARED`` marker written last; a crash never leaves a cache
 that would be reused.
 
 The stages are modules: :mod:`.cache` (the folder on disk: what training and export import),

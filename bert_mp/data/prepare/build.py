@@ -1,5 +1,5 @@
 """``bert-mp prepare``: the build of a prepared folder in a temporary folder, renamed into
-``<cache_dir>/<cache_key>/`` with a ``COMPLETE`` marker written last, interruptions and refused writes
+``<cache_dir>/<cache_key>/`` with a ``PREPARED`` marker written last, interruptions and refused writes
 turned into one line.
 """
 

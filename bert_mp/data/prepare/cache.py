@@ -14,12 +14,13 @@ from bert_mp.core.config import DataConfig
 from bert_mp.errors import DataError
 
 SPLITS = ("train", "validation")
-MARKER = "COMPLETE"
+MARKER = "PREPARED"
 """Written last into a prepared folder, holding the time of the build: the build finished. Not a
-manifest like a checkpoint's marker of the same name (which lists sizes and digests and is verified
-before a load): a prepared folder is built under a temporary name and renamed into place whole, and
-its bytes are vouched for by ``stats.json``'s ``fingerprint``, which a resume compares. The name is
-kept so that every existing cache is still found."""
+manifest like a checkpoint's ``COMPLETE`` (which lists sizes and digests and is verified before a
+load): a prepared folder is built under a temporary name and renamed into place whole, and its bytes
+are vouched for by ``stats.json``'s ``fingerprint``, which a resume compares."""
+LEGACY_MARKERS = ("COMPLETE",)
+"""The marker's earlier name, still read, so that a cache built before the rename is found."""
 
 
 @dataclass
@@ -40,7 +41,7 @@ def cache_path(data: DataConfig) -> Path:
 
 def is_complete(path: Path) -> bool:
     """Whether ``path`` holds a finished build (its :data:`MARKER` is written last)."""
-    return (Path(path) / MARKER).is_file()
+    return any((Path(path) / name).is_file() for name in (MARKER, *LEGACY_MARKERS))
 
 
 def load_prepared(path: str | Path) -> PreparedData:

@@ -55,7 +55,7 @@ def prepared(tmp_path_factory, corpus):
 
 def test_output_layout_columns_and_tokenizer(prepared):
     p = prepared.path
-    for name in ("dataset", "tokenizer", "config.yaml", "stats.json", "COMPLETE"):
+    for name in ("dataset", "tokenizer", "config.yaml", "stats.json", "PREPARED"):
         assert (p / name).exists(), name
     assert p.name == load_config(p / "config.yaml").data.cache_key()
     assert set(prepared.dataset) == {"train", "validation"}
@@ -229,9 +229,9 @@ def test_cache_reuse_force_and_key(tmp_path, corpus, monkeypatch, capsys):
     other = _cfg(tmp_path, corpus, "data.seed=7")
     assert other.data.cache_key() != cfg.data.cache_key()
     assert _cfg(tmp_path, corpus, "data.num_proc=3").data.cache_key() == cfg.data.cache_key()
-    (path / "COMPLETE").write_text("old\n")
+    (path / "PREPARED").write_text("old\n")
     assert prep.prepare(cfg, force=True) == path
-    assert (path / "COMPLETE").read_text() != "old\n"  # really rebuilt
+    assert (path / "PREPARED").read_text() != "old\n"  # really rebuilt
     assert not list(path.parent.glob(".tmp-*")) and not list(path.parent.glob(".old-*"))
 
 
@@ -612,3 +612,13 @@ def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
         assert 1 <= len(groups) <= min(jobs, len(paths)) and all(groups)
     two = prep_read._file_groups(paths, 2)
     assert [len(g) for g in two] == [5, 3]  # 1400 bytes then 600: the cut after the big file
+
+
+def test_prepared_marker_differs_from_a_checkpoints_and_the_old_name_is_still_read(tmp_path):
+    from bert_mp.core import checkpoint as ckpt
+    from bert_mp.data.prepare import cache
+
+    assert cache.MARKER != ckpt.MARKER  # a build stamp is not a verified manifest
+    assert not cache.is_complete(tmp_path)
+    (tmp_path / "COMPLETE").write_text("2026-01-01T00:00:00Z\n")  # a cache built under the old name
+    assert cache.is_complete(tmp_path)
