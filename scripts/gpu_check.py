@@ -80,6 +80,9 @@ GPU_TESTS = (
     "tests/unit/core/test_cuda_paths.py",
     "tests/unit/pretrain/test_sync_budget.py",
 )
+TESTS_K_ENV = "BERT_MP_GPU_CHECK_TESTS_K"
+"""If set, a ``pytest -k`` expression for the ``tests`` phase: the CPU rehearsal runs the phase's
+plumbing on a few of GPU_TESTS' CPU tests (the suite itself runs all of them)."""
 CARRIED = (
     "datasets",
     "dill",
@@ -471,6 +474,8 @@ def phase_tests(args: argparse.Namespace) -> dict[str, Any]:
     junit.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu or not slow"]
     cmd += ["-rfE", "--tb=long", f"--junitxml={junit}", *GPU_TESTS]
+    if os.environ.get(TESTS_K_ENV):
+        cmd += ["-k", os.environ[TESTS_K_ENV]]
     env = _env()
     env["BERT_MP_TEST_TIMEOUT"] = str(args.test_timeout)  # tests/conftest.py: SIGALRM per test
     rc, tail = _run(cmd, args.budget, STATE / "tests.log", env=env)

@@ -166,14 +166,25 @@ def load_fixture(root: Path) -> SimpleNamespace:
 
 def run_in_subprocess_main(argv: list[str]) -> None:
     """``python -c`` entry for fresh-process tests: CONFIG DATA_ROOT [STOP_AT_STEP]."""
+    stop_at = int(argv[2]) if len(argv) > 2 else None
+    sys.exit(run_config(Path(argv[0]), Path(argv[1]), stop_at))  # the codes `bert-mp train` exits with
+
+
+def run_config(config_path: Path, data_root: Path, stop_at: int | None = None) -> int:
+    """Train the config saved at ``config_path`` on the fixture at ``data_root`` in *this* process,
+    stopping (and saving) after step ``stop_at`` if given; the exit code `bert-mp train` would give.
+
+    What a fresh process runs (:func:`run_in_subprocess_main`); a fresh-process test also calls it
+    directly for the runs it compares against, so that only the run it is about pays a process start.
+    """
     from bert_mp.core import callbacks
     from bert_mp.core.config import load_config
     from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import exit_code, train
 
-    cfg = load_config(argv[0])
-    if len(argv) > 2:
-        stop_at = int(argv[2])
+    cfg = load_config(str(config_path))
+    registered = callbacks.REGISTRY.get("stop_at")
+    if stop_at is not None:
 
         class StopAt(callbacks.BaseCallback):
             def on_step_end(self, state, facts, logs):
@@ -182,7 +193,14 @@ def run_in_subprocess_main(argv: list[str]) -> None:
 
         monitors.REGISTRY["stop_at"] = StopAt
         cfg.train.callbacks = [*cfg.train.callbacks, "stop_at"]
-    sys.exit(exit_code(train(cfg, load_fixture(Path(argv[1])))))  # the codes `bert-mp train` exits with
+    reset_accelerate()  # a run before this one in the same process leaves Accelerate's singletons set
+    try:
+        return exit_code(train(cfg, load_fixture(data_root)))
+    finally:
+        if registered is None:
+            callbacks.REGISTRY.pop("stop_at", None)
+        else:
+            callbacks.REGISTRY["stop_at"] = registered
 
 
 def fresh_process_main(setup: str = "") -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import fresh_process_main, hold_env, make_prepared, tiny_config, wait_held
+from support import fresh_process_main, hold_env, make_prepared, run_config, tiny_config, wait_held
 
 import bert_mp.pretrain.trainer as train_mod
 from bert_mp.core import checkpoint as ckpt
@@ -51,8 +51,12 @@ def test_resume_mid_epoch_in_fresh_process_is_bit_identical(tmp_path):
     parts = tiny_config(tmp_path / "parts", **common)
     for cfg in (straight, parts):  # dropout on: the RNG stream must be restored too
         cfg.model.hidden_dropout_prob = cfg.model.attention_probs_dropout_prob = 0.1
-    _run(straight, data_root)
-    _run(parts, data_root, "7")  # stops (and saves) after step 7: epoch 1, batch 2 of 5
+    # the straight run and the first part in this process (support.run_config, as a fresh process
+    # runs them); the resume below, the run under test, in a fresh one
+    for cfg, stop_at in ((straight, None), (parts, 7)):  # parts stops (and saves) after step 7
+        cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
+        save_config(cfg, cfg_path)
+        assert run_config(cfg_path, data_root, stop_at) == (train_mod.STOPPED_EXIT_CODE if stop_at else 0)
     stopped = json.loads((tmp_path / "parts" / "summary.json").read_text())
     assert stopped["status"] == "stopped" and stopped["steps"] == 7
     loop_state = json.loads(

@@ -1,4 +1,7 @@
-"""Every optimizer (and bf16_pure's compensated updates) resumes bit-identically in a fresh process."""
+"""Every optimizer (and bf16_pure's compensated updates) resumes bit-identically in a fresh process.
+
+The straight run and the first part run in the test's process (support.run_config, as the fresh
+process runs them): only the resume, the run under test, pays a process start."""
 
 from __future__ import annotations
 
@@ -10,19 +13,27 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import fresh_process_main, make_prepared, tiny_config
+from support import fresh_process_main, make_prepared, run_config, tiny_config
 
 from bert_mp.core.config import save_config
 from bert_mp.core.io import read_jsonl
 
 
-def _run(cfg, data_root: Path, *stop_at: str) -> None:
+def _save(cfg) -> Path:
     cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
     save_config(cfg, cfg_path)
-    cmd = [sys.executable, "-c", fresh_process_main(), str(cfg_path), str(data_root), *stop_at]
+    return cfg_path
+
+
+def _run_here(cfg, data_root: Path, stop_at: int | None = None) -> None:
+    assert run_config(_save(cfg), data_root, stop_at) == (3 if stop_at else 0)
+
+
+def _run_fresh(cfg, data_root: Path) -> None:
+    cmd = [sys.executable, "-c", fresh_process_main(), str(_save(cfg)), str(data_root)]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == (3 if stop_at else 0), proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +67,10 @@ def test_resume_is_bit_identical_per_optimizer(tmp_path, data_root, optimizer, p
         cfg.train.sophia_update_period = 2  # estimates on both sides of the checkpoint
         cfg.model.hidden_dropout_prob = 0.1  # the dropout stream must be restored too
         runs[name] = cfg
-    _run(runs["straight"], data_root)
-    _run(runs["parts"], data_root, "3")
+    _run_here(runs["straight"], data_root)
+    _run_here(runs["parts"], data_root, stop_at=3)
     runs["parts"].train.resume = "latest"
-    _run(runs["parts"], data_root)
+    _run_fresh(runs["parts"], data_root)  # the resume in a fresh process: nothing carried over in memory
 
     def losses(run: str) -> list:
         rows = read_jsonl(tmp_path / run / "metrics.jsonl")

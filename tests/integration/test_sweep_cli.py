@@ -1,7 +1,6 @@
 """The end-to-end sweep: the real CLI, real training processes, a tiny model on a slice of the built-in
 corpus; then a run made to diverge must fail its verdict."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,10 +40,11 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
     """The real CLI: prepare, three precision runs + the fp32 seed run, report; then the divergence
     drill. About a minute on an idle 2-core machine, kept in the default suite on purpose."""
     import json
-    import subprocess
+
+    import torch
 
     from bert_mp.cli import main
-    from bert_mp.core import precision
+    from bert_mp.core import conditions, precision
     from bert_mp.errors import HardwareError
     from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
 
@@ -84,24 +84,25 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(["sweep", "configs/quickstart_sweep.yaml", *overrides]) == 0
     assert capsys.readouterr().out.count("earlier, kept") == 4  # fp32, its second seed, bf16, fp16
 
-    # a run made to diverge on purpose (learning rate 1000x) must fail the verdict
+    # a run made to diverge on purpose (learning rate 1000x) must fail the verdict: `bert-mp train`
+    # called like the sweep above, in this process (the verdict is under test, not the process start)
     bad = root / "runs" / "bf16-lr2"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bert_mp",
-            "train",
-            str(root / "base_config.yaml"),
-            "train.precision=bf16",
-            "train.learning_rate=2.0",
-            "train.warmup_steps=0",
-            f"train.output_dir={bad}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    monkeypatch.setattr(conditions, "_CHOSEN", [])  # the command's thread choice, undone after the test
+    threads = torch.get_num_threads()
+    try:
+        main(
+            [
+                "train",
+                str(root / "base_config.yaml"),
+                "train.precision=bf16",
+                "train.learning_rate=2.0",
+                "train.warmup_steps=0",
+                f"train.output_dir={bad}",
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)  # the command took cores // 1 threads for itself
+    err = capsys.readouterr().err
     status = json.loads((bad / "summary.json").read_text())["status"]
     runs = root / "runs"
     v = verdict(
@@ -111,4 +112,4 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
         VerdictRules(window=4),
         status,
     )
-    assert v.status == "fail", (v.reasons, proc.stderr[-2000:])
+    assert v.status == "fail", (v.reasons, err[-2000:])
