@@ -183,7 +183,7 @@ def run_config(config_path: Path, data_root: Path, stop_at: int | None = None) -
     from bert_mp.pretrain.trainer import exit_code, train
 
     cfg = load_config(str(config_path))
-    registered = callbacks.REGISTRY.get("stop_at")
+    registered = monitors.REGISTRY.get("stop_at")
     if stop_at is not None:
 
         class StopAt(callbacks.BaseCallback):
@@ -198,9 +198,9 @@ def run_config(config_path: Path, data_root: Path, stop_at: int | None = None) -
         return exit_code(train(cfg, load_fixture(data_root)))
     finally:
         if registered is None:
-            callbacks.REGISTRY.pop("stop_at", None)
+            monitors.REGISTRY.pop("stop_at", None)
         else:
-            callbacks.REGISTRY["stop_at"] = registered
+            monitors.REGISTRY["stop_at"] = registered
 
 
 def fresh_process_main(setup: str = "") -> str:
