@@ -336,7 +336,8 @@ def bench_paths(args) -> None:
             if args.interleaved_steps:
                 inter = SimpleNamespace(**{**vars(args), "steps": args.interleaved_steps})
                 eager = [n for n in names if PATHS[n][2] == "none"]
-                interleaved = bench_interleaved(data, data_cfg, inter, eager, order)
+                precs = tuple(args.interleaved_precisions.split(","))
+                interleaved = bench_interleaved(data, data_cfg, inter, eager, order, precs)
                 print(
                     f"{corpus} interleaved (CPU seconds): "
                     + ", ".join(
@@ -370,9 +371,14 @@ def bench_paths(args) -> None:
     print(f"wrote {args.out}")
 
 
-def bench_interleaved(data, data_cfg, args, names: list[str], order: np.ndarray) -> dict:
+def bench_interleaved(
+    data, data_cfg, args, names: list[str], order: np.ndarray, precisions: tuple[str, ...] = ("fp32",)
+) -> dict:
     """Forward, backward and AdamW step of each path on the same pre-collated micro-batches, the paths
     taking turns step by step (rotating who goes first), timed in wall and in process CPU seconds.
+    ``precisions``: fp32 (keys as the path names) and/or bf16 (CPU autocast, keys ``<path>_bf16``,
+    ratios against the padded path and the HF loop of the same precision, and ``ratio_vs_fp32_*``
+    against the same path in fp32).
 
     On a machine shared with other work the turns put every path through the same load phases, and
     CPU seconds do not count the time the process waited for a core: the ratios of this section are
@@ -393,32 +399,37 @@ def bench_interleaved(data, data_cfg, args, names: list[str], order: np.ndarray)
         for s in range(total)
     ]
     runs = {}
-    for name in ["baseline", *names]:
-        unpad, pack, _ = PATHS.get(name, (False, False, "none"))
-        collate = PretrainingCollator(data.tokenizer, replace(data_cfg, pack_pairs=pack), seed=42)
-        torch.manual_seed(0)
-        model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab))
-        if name != "baseline":
-            install_fast_dropout(model)
-            model = PretrainingModel(model, unpad=unpad)
-        runs[name] = {
-            "model": model.train(),
-            "opt": torch.optim.AdamW(model.parameters(), lr=1e-4),
-            "batches": [collate(f) for f in feats],
-            "wall": [],
-            "cpu": [],
-        }
+    for prec in precisions:
+        if prec not in ("fp32", "bf16"):
+            raise SystemExit(f"--interleaved-precisions {prec}: choose fp32 and/or bf16")
+        for name in ["baseline", *names]:
+            unpad, pack, _ = PATHS.get(name, (False, False, "none"))
+            collate = PretrainingCollator(data.tokenizer, replace(data_cfg, pack_pairs=pack), seed=42)
+            torch.manual_seed(0)
+            model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab))
+            if name != "baseline":
+                install_fast_dropout(model)
+                model = PretrainingModel(model, unpad=unpad)
+            runs[name if prec == "fp32" else f"{name}_{prec}"] = {
+                "model": model.train(),
+                "opt": torch.optim.AdamW(model.parameters(), lr=1e-4),
+                "batches": [collate(f) for f in feats],
+                "bf16": prec == "bf16",
+                "wall": [],
+                "cpu": [],
+            }
     for step in range(total):
         turn = list(runs)[step % len(runs) :] + list(runs)[: step % len(runs)]
         for name in turn:
             r, batch = runs[name], runs[name]["batches"][step]
             w0, c0 = time.perf_counter(), time.process_time()
-            if name == "baseline":
-                loss = r["model"](**{k: v for k, v in batch.items() if k != "segment_ids"}).loss
-            else:
-                o = r["model"](**batch)
-                n_masked = max(float((batch["labels"] != -100).sum()), 1.0)
-                loss = o["mlm_loss_sum"] / n_masked + o["nsp_loss_sum"] / mb
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=r["bf16"]):
+                if name.startswith("baseline"):
+                    loss = r["model"](**{k: v for k, v in batch.items() if k != "segment_ids"}).loss
+                else:
+                    o = r["model"](**batch)
+                    n_masked = max(float((batch["labels"] != -100).sum()), 1.0)
+                    loss = o["mlm_loss_sum"] / n_masked + o["nsp_loss_sum"] / mb
             loss.backward()
             r["opt"].step()
             r["opt"].zero_grad()
@@ -433,12 +444,16 @@ def bench_interleaved(data, data_cfg, args, names: list[str], order: np.ndarray)
             "tokens_per_wall_sec": tokens / sum(r["wall"]),
             "tokens_per_cpu_sec": tokens / sum(r["cpu"]),
         }
-    ref = out.get("padded") or out["baseline"]
     for name in runs:
+        suffix = "_bf16" if runs[name]["bf16"] else ""
+        ref = out.get(f"padded{suffix}") or out[f"baseline{suffix}"]
+        fp32 = out.get(name.removesuffix(suffix)) if suffix else None
         for unit in ("wall", "cpu"):
             key = f"tokens_per_{unit}_sec"
             out[name][f"ratio_vs_padded_{unit}"] = out[name][key] / ref[key]
-            out[name][f"ratio_vs_baseline_{unit}"] = out[name][key] / out["baseline"][key]
+            out[name][f"ratio_vs_baseline_{unit}"] = out[name][key] / out[f"baseline{suffix}"][key]
+            if fp32:
+                out[name][f"ratio_vs_fp32_{unit}"] = out[name][key] / fp32[key]
     return out
 
 
@@ -496,6 +511,11 @@ def main() -> None:
         type=int,
         default=0,
         help="with --paths: also time this many model steps per path taking turns (wall and CPU seconds)",
+    )
+    p.add_argument(
+        "--interleaved-precisions",
+        default="fp32",
+        help="with --interleaved-steps: fp32 and/or bf16 (CPU autocast) rows of every path",
     )
     args = p.parse_args()
     if args.threads:

@@ -169,6 +169,10 @@ class PretrainingCollator:
         pack = data_cfg.pack_pairs if pack_pairs is None else pack_pairs
         self.pack_length = data_cfg.max_seq_length if pack else None
         """With ``data.pack_pairs``: examples share rows of this many tokens (``segment_ids`` tell them apart)."""
+        block = data_cfg.objective == "mlm" and data_cfg.mlm_document_attention == "block"
+        self.document_sep = int(tokenizer.sep_token_id) if block else None
+        """With ``data.mlm_document_attention=block``: the [SEP] id that ends a document in a row
+        (``segment_ids`` then number the documents of every row)."""
 
     def _example(self, f: dict[str, Any]) -> tuple[Any, Any]:
         """One feature's (masked input ids, labels)."""
@@ -188,7 +192,7 @@ class PretrainingCollator:
         if not features:
             raise ValueError("PretrainingCollator got an empty batch")
         if self.pack_length:
-            return self._packed(features)
+            return self._with_documents(self._packed(features))
         length = max(len(f["input_ids"]) for f in features)
         if self.pad_to_multiple_of:
             m = self.pad_to_multiple_of
@@ -217,7 +221,23 @@ class PretrainingCollator:
         }
         if with_nsp:
             batch["next_sentence_label"] = torch.from_numpy(nsp)
-        return batch
+        return self._with_documents(batch)
+
+    def _with_documents(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``segment_ids`` per document of a row with ``data.mlm_document_attention=block`` (special
+        tokens are never masked, so the masked ids show every [SEP])."""
+        if self.document_sep is None:
+            return batch
+        from bert_mp.data.packing import document_segments
+
+        seg = batch.get("segment_ids")
+        segments = document_segments(
+            batch["input_ids"].numpy(),
+            batch["attention_mask"].numpy(),
+            self.document_sep,
+            None if seg is None else seg.numpy(),
+        )
+        return {**batch, "segment_ids": torch.from_numpy(segments)}
 
     def _packed(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Examples first-fit into rows of ``pack_length``; ``segment_ids`` 1, 2, ... per example in a

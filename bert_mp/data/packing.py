@@ -65,3 +65,24 @@ def pack_rows(lengths: list[int], max_seq_length: int) -> list[list[int]]:
             rows.append([i])
             room.append(max_seq_length - n)
     return rows
+
+
+def document_segments(
+    input_ids: np.ndarray, attention_mask: np.ndarray, sep_id: int, segment_ids: np.ndarray | None = None
+) -> np.ndarray:
+    """Segment ids 1, 2, ... per document of each row (0 on padding), read from the ``[SEP]`` tokens.
+
+    For ``data.mlm_document_attention=block``: in a row packed by :func:`pack_documents`, a ``[SEP]``
+    followed by a real token other than ``[SEP]`` ends a document (the ``[SEP]`` stays with the
+    document it closes; the row's final ``[SEP]`` stays with the last one, also when a document ends
+    right before it). A change of ``segment_ids`` (rows packed by ``data.pack_pairs``) starts a new one
+    too. Derived at collate time, so the prepared data is unchanged.
+    """
+    ids = np.asarray(input_ids)
+    real = np.asarray(attention_mask) != 0
+    start = np.zeros(ids.shape, dtype=bool)
+    start[:, 1:] = real[:, 1:] & (ids[:, :-1] == sep_id) & (ids[:, 1:] != sep_id)
+    if segment_ids is not None:
+        seg = np.asarray(segment_ids)
+        start[:, 1:] |= real[:, 1:] & (seg[:, 1:] != seg[:, :-1])
+    return np.where(real, np.cumsum(start, axis=1) + 1, 0).astype(np.int64)

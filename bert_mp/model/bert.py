@@ -235,18 +235,23 @@ def _builds_sdpa_mask(attn_implementation: str | None) -> bool:
 COMPILE_MODES = ("none", "model", "layers")
 
 
-def compile_model(model: nn.Module, mode: str, dynamic: bool = False) -> nn.Module:
+def compile_model(
+    model: nn.Module, mode: str, dynamic: bool = False, deterministic: bool = False
+) -> nn.Module:
     """Apply ``torch.compile`` per ``train.compile``, in place (``Module.compile``), so state-dict keys,
     checkpoints and the export are unchanged: ``none``, ``model`` (the whole forward including the
     loss) or ``layers`` (each ``BertLayer``; one compiled graph serves all layers, shorter compile).
 
     Shapes are static (``dynamic=False``): the collator pads to a multiple of 8, so a run sees a few
-    sequence lengths and recompiles at most once per length.
+    sequence lengths and recompiles at most once per length. ``deterministic``: see
+    :func:`deterministic_inductor`.
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
     if mode == "none":
         return model
+    if deterministic:
+        deterministic_inductor()
     if mode == "model":
         model.compile(dynamic=dynamic)
         return model
@@ -262,6 +267,21 @@ def compile_model(model: nn.Module, mode: str, dynamic: bool = False) -> nn.Modu
             "train.compile=layers: the model has no BertLayer to compile; use train.compile=model"
         )
     return model
+
+
+def deterministic_inductor() -> None:
+    """Make inductor's CPU code repeat itself to the bit: ``torch.use_deterministic_algorithms(True,
+    warn_only=True)`` for the rest of the process.
+
+    Inductor lowers the scatter-adds of the backward pass (embedding gradients, the gradient of every
+    ``index_select`` / gather) to ``atomic_add`` inside loops split across OpenMP threads, so with more
+    than one thread the order of the additions, and the last bits of the gradients, change from run to
+    run (and a resumed run cannot repeat an uninterrupted one). With the flag, which inductor reads when
+    it compiles, it calls ATen's serial kernels for them instead. Warn-only: an op without a
+    deterministic kernel warns rather than fails. On CPU eager, ATen's kernels are deterministic already;
+    the flag also fills ``torch.empty`` with NaN (``torch.utils.deterministic.fill_uninitialized_memory``).
+    """
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def parameter_counts(model: BertForPreTraining) -> dict[str, int]:

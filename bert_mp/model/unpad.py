@@ -9,9 +9,10 @@ a ``(sequences, max_length)`` block with a key mask and hands that to the config
 eager, or the fast-dropout one). No token attends across sequences, and the block is only as long
 as the longest sequence of the batch, not ``max_seq_length``.
 
-A "sequence" is a row, or, for packed rows (``data.pack_pairs``), one pair of a row (``segment_ids``
-numbers the pairs of a row from 1; 0 is padding): position ids restart at every sequence and the NSP
-head reads each sequence's own ``[CLS]`` (its first token).
+A "sequence" is a row, or, for packed rows (``data.pack_pairs``), one pair of a row, or, with
+``data.mlm_document_attention=block``, one document of an MLM-only row (``segment_ids`` numbers them
+within a row from 1; 0 is padding): position ids restart at every sequence and the NSP head reads
+each sequence's first token (its ``[CLS]``; MLM-only rows train no NSP).
 
 Parameters and state-dict keys are the stock ones, and ``config.json`` does not record the attention
 function, so checkpoints and the export are unchanged: a padded model loaded from them computes the

@@ -193,7 +193,8 @@ class Trainer(TrainingLoop):
             from bert_mp.model.unpad import prepare_for_compile
 
             prepare_for_compile(wrapped, cfg.data)  # bucketed stream lengths: a bounded number of graphs
-        wrapped = compile_model(wrapped, tc.compile)
+        # on CPU, inductor's scatter-adds run in a fixed order, so compiled runs resume bit-identically
+        wrapped = compile_model(wrapped, tc.compile, deterministic=acc.device.type == "cpu")
         optimizer = build_optimizer(wrapped, tc, acc.device)
         self.scheduler = build_scheduler(optimizer, tc)
         self.scaler = install_scaler(acc, self.plan)

@@ -115,6 +115,7 @@ def test_bench_train_paths_runs(tmp_path):
             *("--paths", "padded,unpad,unpad+pack", "--corpus", "short", "--corpus-bytes", "40000"),
             *("--preset", "tiny", "--seq", "64", "--micro-batch", "8", "--steps", "1", "--warmup", "1"),
             *("--repeat", "1", "--precisions", "fp32", "--interleaved-steps", "1", "--out", str(out)),
+            *("--interleaved-precisions", "fp32,bf16"),
         ],
         tmp_path,
     )
@@ -129,3 +130,8 @@ def test_bench_train_paths_runs(tmp_path):
     inter = short["interleaved_model_steps"]
     assert inter["padded"]["ratio_vs_padded_cpu"] == 1.0 and inter["batch_padding_fraction"] > 0
     assert all(inter[k]["tokens_per_cpu_sec"] > 0 for k in ("baseline", "padded", "unpad", "unpad+pack"))
+    # bf16 (CPU autocast) rows: against the padded bf16 path, and each against its fp32 self
+    assert inter["padded_bf16"]["ratio_vs_padded_cpu"] == 1.0
+    assert all(
+        inter[f"{k}_bf16"]["ratio_vs_fp32_cpu"] > 0 for k in ("baseline", "padded", "unpad", "unpad+pack")
+    )

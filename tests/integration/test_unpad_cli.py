@@ -1,5 +1,6 @@
-"""``bert-mp train configs/quickstart.yaml model.unpad=true``: trains, resumes bit-identically in a fresh
-process, and exports a folder whose plain-transformers (padded) logits equal the unpadded model's."""
+"""``bert-mp train configs/quickstart.yaml model.unpad=true`` (packed, compiled): trains, resumes
+bit-identically in a fresh process, and exports a folder whose plain-transformers (padded) logits
+equal the unpadded model's."""
 
 from __future__ import annotations
 
@@ -109,17 +110,11 @@ def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
     b = load_file(str(parts / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and len(_losses(straight)) == 8
     if "train.compile=model" in extra:
-        # inductor compiles afresh in the resumed process and its kernels may sum in another order
-        # (the padded compiled path is no different): equal to float tolerance, not to the bit
-        for (s1, k1, *x1), (s2, k2, *x2) in zip(_losses(straight), _losses(parts)):
-            assert (s1, k1) == (s2, k2)
-            assert [v for v in x1 if v is not None] == pytest.approx(
-                [v for v in x2 if v is not None], rel=1e-5
-            )
         assert json.loads((straight / "summary.json").read_text())["compile"]["graphs"] > 0
-    else:
-        assert _losses(straight) == _losses(parts)  # exact, every step
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    # exact, every step, compiled too: on CPU the compiled run's scatter-adds keep one order
+    # (bert_mp.model.bert.deterministic_inductor), so a fresh process repeats it to the bit
+    assert _losses(straight) == _losses(parts)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
     # the export is a plain checkpoint: its padded logits are the unpadded training model's
     from datasets import load_from_disk

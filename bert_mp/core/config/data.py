@@ -88,6 +88,10 @@ class DataConfig:
     """Put several examples into one row of ``max_seq_length`` at load time (first fit, per micro-batch):
     each attends only within itself, with its own position ids and NSP at its own [CLS]. Needs
     model.unpad=true; the prepared data is the same (not part of the cache key). See docs/training.md."""
+    mlm_document_attention: str = "cross"
+    """objective=mlm: ``cross`` lets a token attend across the [SEP] between two documents of a row
+    (RoBERTa's FULL-SENTENCES, as prepared); ``block`` keeps each document of a row to itself, with
+    its own position ids (like DOC-SENTENCES). Needs model.unpad=true; not part of the cache key."""
 
     seed: int = 12345
     """Seed for every random choice in data preparation and masking."""
@@ -125,6 +129,14 @@ class DataConfig:
                 self.sentence_splitter,
             )
         _choice(self.objective, "data.objective", OBJECTIVES)
+        _choice(self.mlm_document_attention, "data.mlm_document_attention", ("cross", "block"))
+        if self.mlm_document_attention == "block":
+            _check(
+                self.objective == "mlm",
+                "data.mlm_document_attention",
+                "block applies to objective=mlm rows (an NSP pair is one example, not two documents)",
+                self.mlm_document_attention,
+            )
         _range(self.max_seq_length, "data.max_seq_length", 8, 512)
         _range(self.vocab_size, "data.vocab_size", 64, 1_000_000)
         _range(self.short_seq_prob, "data.short_seq_prob", 0.0, 1.0)
@@ -184,7 +196,7 @@ class DataConfig:
     def cache_key(self) -> str:
         """Hash of every setting that changes the prepared bytes (not num_proc, not cache_dir)."""
         d = asdict(self)
-        for k in ("num_proc", "cache_dir", "pack_pairs"):
+        for k in ("num_proc", "cache_dir", "pack_pairs", "mlm_document_attention"):
             d.pop(k)
         # a derived cap and the same cap set explicitly give the same bytes; defaults of the new
         # keys leave the key of an existing config unchanged

@@ -45,6 +45,13 @@ class Config:
                 "packed rows need the unpadded encoder to keep examples apart; add model.unpad=true",
                 self.data.pack_pairs,
             )
+        if self.data.mlm_document_attention == "block":
+            _check(
+                self.model.unpad,
+                "data.mlm_document_attention",
+                "blocking attention between documents needs the unpadded encoder; add model.unpad=true",
+                self.data.mlm_document_attention,
+            )
         if self.model.attn_implementation == "flash_attention_2":
             _check(
                 self.train.precision in ("bf16", "fp16"),
