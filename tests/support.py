@@ -354,6 +354,24 @@ def tiny_model_config() -> ModelConfig:
     )
 
 
+def tiny_unpadded_model(max_len: int) -> Any:
+    """A seeded 2-layer, 32-wide BertForPreTraining without dropout, wrapped for the unpadded path."""
+    from bert_mp.model.bert import PretrainingModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_len,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return PretrainingModel(BertForPreTraining(cfg), unpad=True)
+
+
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python -m bert_mp ARGS`` in a fresh process, offline, output captured."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

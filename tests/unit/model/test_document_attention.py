@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import make_tokenizer
-from transformers import BertConfig, BertForPreTraining
+from support import make_tokenizer, tiny_unpadded_model
 
 from bert_mp.core.config import Config, DataConfig, ModelConfig
 from bert_mp.data.masking import PretrainingCollator
@@ -57,18 +56,7 @@ def _logits(model: PretrainingModel, batch: dict) -> tuple[torch.Tensor, torch.T
 
 
 def _model() -> PretrainingModel:
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_LEN,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return PretrainingModel(BertForPreTraining(cfg), unpad=True).eval()
+    return tiny_unpadded_model(MAX_LEN).eval()
 
 
 def test_document_segments_follow_the_separators():

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from support import make_tokenizer
-from transformers import BertConfig, BertForPreTraining
+from support import make_tokenizer, tiny_unpadded_model
 
 from bert_mp.core.config import Config, DataConfig, ModelConfig
 from bert_mp.data.masking import PretrainingCollator
@@ -37,18 +36,7 @@ def _features(lengths: list[int], seed: int = 0) -> list[dict]:
 
 
 def _model() -> PretrainingModel:
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_LEN,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return PretrainingModel(BertForPreTraining(cfg), unpad=True)
+    return tiny_unpadded_model(MAX_LEN)
 
 
 def _per_pair(model: PretrainingModel, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
