@@ -9,7 +9,7 @@ gloo when there is no CUDA. So without CUDA, N > 1 processes are launched with `
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def accelerate_launch(
@@ -78,6 +78,20 @@ def launch_argv(options: Sequence[str], command: str, args: Sequence[str], *, cu
     return [*base, "-m", "bert_mp", command, *args]
 
 
+SHUTDOWN_TIMEOUT_S = 600
+"""How long torch elastic's launcher lets the ranks finish their step, save and stop after a signal
+before it kills them (its own default, 30 s, cuts a checkpoint of a large model, or of any model on
+a loaded machine, short: the run then ends without its checkpoint and summary)."""
+
+
+def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's environment: ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` set to
+    :data:`SHUTDOWN_TIMEOUT_S` unless the user set it."""
+    env = dict(environ)
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    return env
+
+
 def run_launcher(argv: Sequence[str]) -> int:
     """Run ``argv`` (an ``accelerate launch``) in its own process group and pass it every SIGINT or
     SIGTERM this process gets, once. Without a signal: the launcher's exit code. After one: the
@@ -90,7 +104,9 @@ def run_launcher(argv: Sequence[str]) -> int:
     import subprocess
 
     # its own group: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
-    proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, text=True, process_group=0)
+    proc = subprocess.Popen(
+        list(argv), stderr=subprocess.PIPE, text=True, process_group=0, env=launcher_env(os.environ)
+    )
     caught: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

@@ -36,7 +36,7 @@ from bert_mp.core.config import (
     save_config,
 )
 from bert_mp.core.io import atomic_write_json
-from bert_mp.core.launch import accelerate_launch
+from bert_mp.core.launch import accelerate_launch, launcher_env
 from bert_mp.core.run_guard import config_changes, describe_changes
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (
@@ -208,7 +208,10 @@ def _last_error(log_path: Path) -> str:
 def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "launch.log"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **launcher_env(os.environ),
+        "TOKENIZERS_PARALLELISM": "false",
+    }  # ranks get time to save on a signal
     t0 = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu0 = before.ru_utime + before.ru_stime

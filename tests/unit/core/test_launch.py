@@ -28,3 +28,19 @@ def test_a_config_file_or_explicit_flags_win():
     assert not {"--multi_gpu", "--cpu", "--num_machines", "--mixed_precision"} & set(cmd)
     cuda = accelerate_launch(4, cuda=True, extra=["--num_machines=2"])
     assert not {"--multi_gpu", "--cpu"} & set(cuda) and "--num_machines" not in cuda
+
+
+def test_the_launcher_gives_the_ranks_time_to_save_after_a_signal(monkeypatch, capfd):
+    """torch elastic kills the ranks 30 s after it passes a signal on unless told otherwise; a
+    checkpoint on a loaded machine (or of a large model) takes longer. The launcher is started with
+    a longer grace period, and a value the user set is kept."""
+    from bert_mp.core.launch import SHUTDOWN_TIMEOUT_S, run_launcher
+
+    show = [sys.executable, "-c", "import os; print(os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'])"]
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert run_launcher(show) == 0
+    assert capfd.readouterr().out.strip() == str(SHUTDOWN_TIMEOUT_S)
+    assert SHUTDOWN_TIMEOUT_S > 30
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")
+    assert run_launcher(show) == 0
+    assert capfd.readouterr().out.strip() == "45"
