@@ -372,6 +372,20 @@ def tiny_unpadded_model(max_len: int) -> Any:
     return PretrainingModel(BertForPreTraining(cfg), unpad=True)
 
 
+def run_unpadded_batch(model: Any, batch: dict) -> tuple[Any, Any, Any]:
+    """``model.unpad.run_unpadded`` on a collated batch: (token states, pooled [CLS] states, labels)."""
+    from bert_mp.model.unpad import run_unpadded
+
+    return run_unpadded(
+        model,
+        batch["input_ids"],
+        batch["token_type_ids"],
+        batch["labels"],
+        batch["attention_mask"],
+        batch.get("segment_ids"),
+    )
+
+
 def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python -m bert_mp ARGS`` in a fresh process, offline, output captured."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

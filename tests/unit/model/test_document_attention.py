@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import make_tokenizer, tiny_unpadded_model
+from support import make_tokenizer, run_unpadded_batch, tiny_unpadded_model
 
 from bert_mp.core.config import Config, DataConfig, ModelConfig
 from bert_mp.data.masking import PretrainingCollator
 from bert_mp.data.packing import document_segments, pack_documents
 from bert_mp.errors import ConfigError
 from bert_mp.model.bert import PretrainingModel
-from bert_mp.model.unpad import run_unpadded
 
 MAX_LEN = 64
 
@@ -43,14 +42,7 @@ def _row(docs: list[list[int]]) -> list[int]:
 
 def _logits(model: PretrainingModel, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """MLM logits of every real token in stream order, and the stream's start of each row."""
-    seq, _, _ = run_unpadded(
-        model,
-        batch["input_ids"],
-        batch["token_type_ids"],
-        batch["labels"],
-        batch["attention_mask"],
-        batch.get("segment_ids"),
-    )
+    seq, _, _ = run_unpadded_batch(model, batch)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), batch["attention_mask"].sum(1).cumsum(0)])
     return model.model.cls.predictions(seq), starts
 

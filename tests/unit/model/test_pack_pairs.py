@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from support import make_tokenizer, tiny_unpadded_model
+from support import make_tokenizer, run_unpadded_batch, tiny_unpadded_model
 
 from bert_mp.core.config import Config, DataConfig, ModelConfig
 from bert_mp.data.masking import PretrainingCollator
 from bert_mp.data.packing import pack_rows
 from bert_mp.errors import ConfigError
 from bert_mp.model.bert import PretrainingModel
-from bert_mp.model.unpad import run_unpadded, unpad_index
+from bert_mp.model.unpad import unpad_index
 from bert_mp.pretrain.monitors import attention_flops_tokens
 
 MAX_LEN = 64
@@ -41,14 +41,7 @@ def _model() -> PretrainingModel:
 
 def _per_pair(model: PretrainingModel, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence MLM loss sum and NSP loss, in the order the model reads the sequences."""
-    seq, pooled, labels = run_unpadded(
-        model,
-        batch["input_ids"],
-        batch["token_type_ids"],
-        batch["labels"],
-        batch["attention_mask"],
-        batch.get("segment_ids"),
-    )
+    seq, pooled, labels = run_unpadded_batch(model, batch)
     u = unpad_index(batch["attention_mask"], batch.get("segment_ids"))
     seq_of = torch.arange(u.num_sequences).repeat_interleave(u.lengths)
     heads = model.model.cls
