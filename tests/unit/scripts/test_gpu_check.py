@@ -230,7 +230,7 @@ def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path,
         # the row a child had measured before it hung: written here, before the child starts, so the
         # cut cannot come before it on a slow machine; the child stands for the hang alone
         bench.write_text(json.dumps({"partial": True, "results": {"bert_mp_fp32": {"tokens_per_sec": 10.0}}}))
-        code = "import time; time.sleep(60)"
+        code = "import signal; signal.pause()"  # hangs until the budget cut signals it: no timing
         rc, _ = gpu_check._run(
             [sys.executable, "-c", code], args.budget, gpu_check.STATE / "c.log", tick=lambda: None
         )
