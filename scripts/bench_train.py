@@ -88,6 +88,12 @@ def _reset_accelerate() -> None:
     GradientState._reset_state()
 
 
+def _dropout_kw(args) -> dict:
+    """``--attention-dropout``, when given, for every model of the run (HF baseline included)."""
+    p = getattr(args, "attention_dropout", None)
+    return {} if p is None else {"attention_probs_dropout_prob": p}
+
+
 def baseline_setup(data, args, order: np.ndarray, device: torch.device):
     """The plain HF model (seeded) and its pre-collated batches, all on ``device``."""
     from transformers import BertForPreTraining
@@ -106,7 +112,9 @@ def baseline_setup(data, args, order: np.ndarray, device: torch.device):
         batch = collator([{**ds[int(i)], "index": int(i), "epoch": 0} for i in idx])
         batches.append({k: v.to(device) for k, v in batch.items()})
     torch.manual_seed(0)
-    model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab))
+    model = BertForPreTraining(
+        bert_config(ModelConfig(preset=args.preset, **_dropout_kw(args)), vocab_size=args.vocab)
+    )
     return model.to(device).train(), batches
 
 
@@ -164,6 +172,7 @@ def bench_bert_mp(
             dropout_impl=args.dropout_impl,
             attn_implementation=args.attn_implementation,
             unpad=unpad,
+            **_dropout_kw(args),
         ),
         train=TrainConfig(
             output_dir=str(out),
@@ -270,6 +279,7 @@ def bench_paths(args) -> None:
             "timed_steps": args.steps,
             "warmup_steps": args.warmup,
             "precision": args.precisions.split(",")[0],
+            "attention_probs_dropout_prob": args.attention_dropout,
         },
         "note": "tokens/s count real (non-padding) tokens; ratios are within one round of this run "
         "(a shared, loaded machine: absolute figures are not comparable across runs)",
@@ -302,6 +312,10 @@ def bench_paths(args) -> None:
                         unpad=unpad,
                         compile_mode=comp,
                     )
+                    # every path lands in the JSON the moment it is measured (a cut keeps it)
+                    report["corpora"].setdefault(corpus, {})["partial_round"] = {"round": r, **res}
+                    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
                 for v in res.values():
                     v["ratio_vs_baseline"] = v["tokens_per_sec"] / res["baseline_hf_fp32"]["tokens_per_sec"]
                     if "padded" in res:
@@ -406,7 +420,9 @@ def bench_interleaved(
             unpad, pack, _ = PATHS.get(name, (False, False, "none"))
             collate = PretrainingCollator(data.tokenizer, replace(data_cfg, pack_pairs=pack), seed=42)
             torch.manual_seed(0)
-            model = BertForPreTraining(bert_config(ModelConfig(preset=args.preset), vocab_size=args.vocab))
+            model = BertForPreTraining(
+                bert_config(ModelConfig(preset=args.preset, **_dropout_kw(args)), vocab_size=args.vocab)
+            )
             if name != "baseline":
                 install_fast_dropout(model)
                 model = PretrainingModel(model, unpad=unpad)
@@ -491,6 +507,13 @@ def main() -> None:
     p.add_argument("--attn-implementation", default="sdpa", help="bert_mp's model.attn_implementation")
     p.add_argument(
         "--baseline-precisions", default="fp32", help="plain HF loop precisions: fp32 and/or bf16 (autocast)"
+    )
+    p.add_argument(
+        "--attention-dropout",
+        type=float,
+        default=None,
+        help="model.attention_probs_dropout_prob for every model of the run (0: the unpadded path may use "
+        "torch's varlen flash kernel on CUDA); default: the preset's",
     )
     p.add_argument("--out", default="runs/bench_train.json")
     p.add_argument(

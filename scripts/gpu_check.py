@@ -18,7 +18,9 @@ package index and runs a command for at most 10 minutes. So:
   shapes, each command on a fresh copy of the repository (CI: test_gpu_check_rehearsal.py).
 
 Phases: ``install``, ``ladder`` (bench_train.py on BERT-base seq 128: HF strict fp32 / bf16 and
-bert_mp fp32 / bf16 / tf32 / fp16), ``tests`` (the CUDA tests), ``kernels`` (the kernel probe per
+bert_mp fp32 / bf16 / tf32 / fp16), ``paths`` (bf16 padded vs unpadded vs unpadded + compiled on the
+built-in and the short-documents corpus, attention dropout 0 so the unpadded path may take torch's varlen
+flash kernel), ``tests`` (the CUDA tests), ``kernels`` (the kernel probe per
 precision: GEMM verdicts weighted by device time, skinny GEMMs on their own line), ``compile``
 (the ladder with ``train.compile=model``), ``sweep`` (configs/sweep_gpu_short.yaml: BERT-base,
 200 steps per precision plus the second fp32 seed, parity verdicts, on a docstring corpus built
@@ -48,13 +50,14 @@ SITE = ROOT / ".gpu_site"
 INSTALLED = "INSTALLED.json"
 """Written into SITE by a successful install: a command that finds it skips the install."""
 WHEELS = ROOT / ".wheels"
-PHASES = ("install", "ladder", "tests", "kernels", "compile", "sweep", "summary")
+PHASES = ("install", "ladder", "paths", "tests", "kernels", "compile", "sweep", "summary")
 DEFAULT_PHASES = ("ladder", "tests")
-COMMANDS = (("ladder", "tests"), ("kernels", "compile"), ("sweep",))
+COMMANDS = (("ladder", "paths"), ("tests", "kernels"), ("compile",), ("sweep",))
 """The sequence docs/gpu.md gives: one command each, each on a fresh machine (install is implied)."""
 BUDGETS = {
     "install": 60.0,
     "ladder": 240.0,
+    "paths": 200.0,
     "tests": 180.0,
     "kernels": 90.0,
     "compile": 300.0,
@@ -64,6 +67,7 @@ BUDGETS = {
 BUDGETS_DRY = {
     "install": 60.0,
     "ladder": 120.0,
+    "paths": 120.0,
     "tests": 120.0,
     "kernels": 60.0,
     "compile": 120.0,
@@ -276,6 +280,7 @@ def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
         "failed_tests": (phases.get("tests") or {}).get("failed"),
         "ladder": rows,
         "ladder_compiled": crow,
+        "paths": paths_rows((phases.get("paths") or {}).get("bench")),
         "targets": check_targets(rows),
         "targets_compiled": check_targets(crow) if crow else None,
         "kernel_check": (phases.get("kernels") or {}).get("kernels") or ladder.get("kernels"),
@@ -341,6 +346,20 @@ def summary_markdown(s: dict[str, Any]) -> str:
                 wanted = ("<= " if name == "fp16_vs_bf16_gap" else ">= ") + _fmt(t["target"], pct=pct)
                 met = {True: "yes", False: "NO", None: "not measured"}[t["met"]]
                 lines.append(f"| {name} | {_fmt(t['value'], pct=pct)} | {wanted} | {met} |")
+    if s.get("paths"):
+        lines += [
+            "",
+            f"## Encoder paths ({s['paths'][0].get('precision')}, attention dropout 0; tokens/s count real tokens)",
+            "",
+            "| corpus | run | tokens/s | step ms | MFU | x padded | x HF fp32 | graphs |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in s["paths"]:
+            lines.append(
+                f"| {r['corpus']} | {r['run']} | {_fmt(r['tokens_per_sec'], digits=0)} | {_fmt(r['step_ms'], digits=1)} | "
+                f"{_fmt(r['mfu'], pct=True)} | {_fmt(r['ratio_vs_padded'])} | {_fmt(r['ratio_vs_hf_fp32'])} | "
+                f"{_fmt(r['compiled_graphs'])} |"
+            )
     if s.get("kernel_check"):
         lines += ["", "## Kernel check (weighted by device time)", ""]
         for prec, k in s["kernel_check"].items():
@@ -564,6 +583,58 @@ def phase_compile(args: argparse.Namespace) -> dict[str, Any]:
     return _bench(args, "model", "compile")
 
 
+PATHS_RUN = "padded,unpad,unpad+compile"
+
+
+def phase_paths(args: argparse.Namespace) -> dict[str, Any]:
+    """bench_train.py --paths: the encoder paths of model.unpad side by side, each row written when measured."""
+    out = STATE / "bench_paths.json"
+    out.unlink(missing_ok=True)
+    env = _env()
+    if args.dry_run:
+        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "8", "--steps", "2", "--warmup", "1"]
+        size += ["--precisions", "fp32", "--corpus", "builtin"]
+        env["TORCH_COMPILE_DISABLE"] = "1"
+    else:
+        size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
+        size += ["--steps", "20", "--warmup", "5", "--precisions", "bf16", "--corpus", "builtin,short"]
+    cmd = [sys.executable, "scripts/bench_train.py", "--paths", PATHS_RUN, *size, "--repeat", "1"]
+    cmd += ["--attention-dropout", "0", "--out", str(out)]
+    rc, tail = _run(
+        cmd,
+        args.budget,
+        STATE / "bench_paths.log",
+        tick=lambda: args.progress({"bench": _read_json(out)}),
+        env=env,
+    )
+    return {"status": _status(rc), "rc": rc, "bench": _read_json(out), "tail": tail if rc else tail[-800:]}
+
+
+def paths_rows(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per corpus and path of a ``bench_train.py --paths`` report (finished or partial)."""
+    rows = []
+    for corpus, c in ((bench or {}).get("corpora") or {}).items():
+        rounds = c.get("rounds") or ([c["partial_round"]] if c.get("partial_round") else [])
+        for name, r in (rounds[0] if rounds else {}).items():
+            if not isinstance(r, dict):
+                continue
+            rows.append(
+                {
+                    "corpus": corpus,
+                    "run": name,
+                    "tokens_per_sec": r.get("tokens_per_sec"),
+                    "step_ms": r.get("step_ms"),
+                    "mfu": r.get("mfu"),
+                    "ratio_vs_padded": r.get("ratio_vs_padded"),
+                    "ratio_vs_hf_fp32": r.get("ratio_vs_baseline"),
+                    "compiled_graphs": r.get("compiled_graphs"),
+                    "padding_fraction": c.get("padding_fraction_at_max_seq_length"),
+                    "precision": ((bench or {}).get("setup") or {}).get("precision"),
+                }
+            )
+    return rows
+
+
 KERNEL_PROBE = """
 import json, sys, torch
 from transformers import BertForPreTraining
@@ -760,6 +831,7 @@ def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
 RUNNERS = {
     "install": phase_install,
     "ladder": phase_ladder,
+    "paths": phase_paths,
     "tests": phase_tests,
     "kernels": phase_kernels,
     "compile": phase_compile,
@@ -818,7 +890,7 @@ class Publisher:
             res = loaded.get(name) or {}
             for test, text in (res.get("failures") or {}).items():
                 parts.append(f"\n===== FAILED {test} =====\n{text}")
-            child = STATE / f"{'bench_' + name if name in ('ladder', 'compile') else name}.log"
+            child = STATE / f"{'bench_' + name if name in ('ladder', 'compile', 'paths') else name}.log"
             if res.get("status") not in (None, "ok", "running") and child.exists():
                 text = child.read_text(errors="replace")
                 parts.append(f"\n===== {name}: {res.get('status')}, {child.name} =====\n{text[-LOG_CAP:]}")

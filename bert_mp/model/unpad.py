@@ -188,6 +188,45 @@ def _to_blocks(u: Unpadded, *xs: torch.Tensor) -> list[torch.Tensor]:
     return list(block.unbind(0))
 
 
+def flash_varlen_kernel(query: torch.Tensor, dropout: float, base: str) -> Any:
+    """torch's variable-length flash kernel (``torch.nn.attention.varlen.varlen_attn``) where it applies:
+    CUDA, bf16 / fp16 activations, the ``sdpa`` base and no attention dropout (the kernel has none:
+    eval, or ``model.attention_probs_dropout_prob=0``); else None (the block path)."""
+    if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16) or dropout or base != "sdpa":
+        return None
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return varlen_attn
+
+
+def _flash_cu_seqlens(u: Unpadded) -> torch.Tensor:
+    """``cu_seqlens`` (int32) for the flash kernel, the fillers split into extra sequences of at most
+    ``block_len`` tokens (they attend among themselves: finite outputs, never read by a loss)."""
+    cu = u.cu_seqlens
+    if u.fillers:
+        total = cu[-1:]
+        steps = torch.tensor(range(u.block_len, u.fillers, u.block_len), dtype=cu.dtype, device=cu.device)
+        cu = torch.cat([cu, total + steps, total + u.fillers])
+    return cu.to(torch.int32)
+
+
+def _flash_attention(
+    kernel: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    u: Unpadded,
+    scaling: float | None,
+) -> torch.Tensor:
+    """(1, heads, S, d) streams -> (1, S, heads, d) through the varlen kernel: no block, no scatter."""
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (S, heads, d)
+    cu = _flash_cu_seqlens(u)
+    kwargs = {} if scaling is None else {"scale": scaling}
+    return kernel(q, k, v, cu, cu, u.block_len, u.block_len, **kwargs).unsqueeze(0)
+
+
 def _varlen_attention(base: str):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.bert.modeling_bert import eager_attention_forward
@@ -209,6 +248,9 @@ def _varlen_attention(base: str):
         u = bert_mp_unpadded
         if u is None:  # a padded call (e.g. an exported model's own forward): the base kernel as is
             return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        flash = flash_varlen_kernel(query, dropout, base)
+        if flash is not None:
+            return _flash_attention(flash, query, key, value, u, scaling), None
         mask = u.key_mask
         if additive:
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(

@@ -196,3 +196,56 @@ def test_compiled_unpadded_model_compiles_a_bounded_number_of_graphs():
     # capacity 4 x 32 = 128 tokens: buckets of 64 and 128, each one forward graph after the host-side
     # unpadding and one for the loss after it
     assert compiled_graphs() - before <= 4
+
+
+def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None):
+    """torch's ``varlen_attn`` contract on CPU: (T, heads, d) streams, int32 cumulative lengths."""
+    assert cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k) and int(cu_q[-1]) == q.shape[0]
+    assert int((cu_q[1:] - cu_q[:-1]).max()) <= min(max_q, max_k)
+    outs = []
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, scale=scale).transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_flash_varlen_route_matches_padded(monkeypatch, bucketed: bool):
+    """The CUDA flash route (no block, no scatter) gives the padded losses and gradients: its plumbing
+    (stream layout, cu_seqlens with fillers, output order) checked on CPU with a reference kernel."""
+    import bert_mp.model.unpad as unpad_mod
+
+    calls = []
+
+    def kernel(query, dropout, base):
+        calls.append(base)
+        return _reference_varlen if base == "sdpa" and not dropout else None
+
+    monkeypatch.setattr(unpad_mod, "flash_varlen_kernel", kernel)
+    micro = [_batch(SHAPES["short"], seed=1), _batch(SHAPES["mixed"], seed=2)]
+    base = _model()
+    padded, unpadded = PretrainingModel(base), PretrainingModel(copy.deepcopy(base), unpad=True)
+    if bucketed:
+        unpadded.stream_bucket = token_bucket
+    gp, gu = _accumulated_grads(padded, micro), _accumulated_grads(unpadded, micro)
+    assert calls and set(calls) == {"sdpa"}
+    for name in gp:
+        torch.testing.assert_close(gu[name], gp[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_flash_cu_seqlens_split_fillers_into_block_sized_sequences():
+    from bert_mp.model.unpad import _flash_cu_seqlens
+
+    mask = torch.zeros(2, 64, dtype=torch.long)
+    mask[0, :40], mask[1, :64] = 1, 1
+    u = unpad_index(mask, block_len=64, stream_len=104 + 150)
+    assert u.fillers == 150
+    cu = _flash_cu_seqlens(u)
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 40, 104, 168, 232, 254]
+
+
+def test_flash_varlen_kernel_applies_only_where_it_can():
+    from bert_mp.model.unpad import flash_varlen_kernel
+
+    q = torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16)
+    assert flash_varlen_kernel(q, 0.0, "sdpa") is None  # CPU: the block path

@@ -243,3 +243,60 @@ def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
     # log: the one read of all pending rows at the end (the window closes inside it), nothing per step
     assert per_mode["step"] <= 2 * n_steps
     assert per_mode["log"] <= 1
+
+
+def test_unpadded_flash_varlen_matches_the_block_path(monkeypatch):
+    """On CUDA in bf16 with no attention dropout the unpadded encoder takes torch's varlen flash kernel;
+    its losses and gradients agree with the block path (SDPA over per-sequence blocks) to bf16 rounding."""
+    pytest.importorskip("torch.nn.attention.varlen")
+    import copy
+
+    from transformers import BertConfig, BertForPreTraining
+
+    import bert_mp.model.unpad as unpad_mod
+    from bert_mp.model.bert import PretrainingModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=128, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    base = BertForPreTraining(cfg).cuda()
+    base.set_attn_implementation("sdpa")
+    lengths, length = [64, 9, 40, 17, 3, 64], 64
+    ids = torch.randint(5, 128, (len(lengths), length), device="cuda")
+    mask = (torch.arange(length, device="cuda")[None] < torch.tensor(lengths, device="cuda")[:, None]).long()
+    labels = torch.where((torch.rand(ids.shape, device="cuda") < 0.2) & (mask == 1), ids, -100)
+    batch = {
+        "input_ids": ids * mask,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": mask,
+        "labels": labels,
+        "next_sentence_label": torch.randint(0, 2, (len(lengths),), device="cuda"),
+    }
+
+    def step(wrapper):
+        wrapper.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = wrapper(**batch)
+        (out["mlm_loss_sum"] + out["nsp_loss_sum"]).float().backward()
+        return out, {n: p.grad.float().clone() for n, p in wrapper.named_parameters() if p.grad is not None}
+
+    used = []
+    real_kernel = unpad_mod.flash_varlen_kernel
+
+    def counting(query, dropout, base_name):
+        k = real_kernel(query, dropout, base_name)
+        used.append(k is not None)
+        return k
+
+    monkeypatch.setattr(unpad_mod, "flash_varlen_kernel", counting)
+    flash_out, flash_grads = step(PretrainingModel(copy.deepcopy(base), unpad=True))
+    assert used and all(used), "the flash kernel was not chosen"
+    monkeypatch.setattr(unpad_mod, "flash_varlen_kernel", lambda *a: None)
+    block_out, block_grads = step(PretrainingModel(copy.deepcopy(base), unpad=True))
+    for k in ("mlm_loss_sum", "nsp_loss_sum"):
+        torch.testing.assert_close(flash_out[k].float(), block_out[k].float(), rtol=2e-2, atol=2e-2)
+    for name, g in block_grads.items():  # bf16 rounding differs per kernel: compare relative norms
+        rel = float((flash_grads[name] - g).norm() / g.norm().clamp_min(1e-6))
+        assert rel < 3e-2, (name, rel)
