@@ -291,7 +291,8 @@ def bench_paths(args) -> None:
             data, data_cfg = corpus_data(corpus, args, Path(tmp))
             args.data_cfg, args.vocab = data_cfg, int(data.stats["model_vocab_size"])
             n = len(data.dataset["train"])
-            order = epoch_order(n, 42, 0)
+            need = (args.warmup + args.steps) * args.micro_batch  # small corpora: the next epochs' orders
+            order = np.concatenate([epoch_order(n, 42, e) for e in range(-(-need // n))])
             rounds = []
             for r in range(0 if args.interleaved_only else args.repeat):
                 res: dict = {}

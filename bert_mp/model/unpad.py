@@ -56,6 +56,9 @@ class Unpadded:
     their outputs never reach a loss)."""
     block_len: int
     fillers: int = 0
+    bucketed: bool = False
+    """The stream was padded to a bucket (compiled runs): attention keeps the block route, whose
+    shapes do not depend on the filler count (the flash route's cu_seqlens would)."""
 
     @property
     def num_sequences(self) -> int:
@@ -138,6 +141,7 @@ def unpad_stream(
         stream_len = bucket(int(attention_mask.sum()), rows * length)
         block_len = -(-length // 64) * 64
     u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
+    u.bucketed = bucket is not None
     fill = u.fillers
 
     def take(x: torch.Tensor, filler: int) -> torch.Tensor:
@@ -201,17 +205,6 @@ def flash_varlen_kernel(query: torch.Tensor, dropout: float, base: str) -> Any:
     return varlen_attn
 
 
-def _flash_cu_seqlens(u: Unpadded) -> torch.Tensor:
-    """``cu_seqlens`` (int32) for the flash kernel, the fillers split into extra sequences of at most
-    ``block_len`` tokens (they attend among themselves: finite outputs, never read by a loss)."""
-    cu = u.cu_seqlens
-    if u.fillers:
-        total = cu[-1:]
-        steps = torch.tensor(range(u.block_len, u.fillers, u.block_len), dtype=cu.dtype, device=cu.device)
-        cu = torch.cat([cu, total + steps, total + u.fillers])
-    return cu.to(torch.int32)
-
-
 def _flash_attention(
     kernel: Any,
     query: torch.Tensor,
@@ -221,8 +214,8 @@ def _flash_attention(
     scaling: float | None,
 ) -> torch.Tensor:
     """(1, heads, S, d) streams -> (1, S, heads, d) through the varlen kernel: no block, no scatter."""
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (S, heads, d)
-    cu = _flash_cu_seqlens(u)
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (S, heads, d): real tokens only
+    cu = u.cu_seqlens.to(torch.int32)
     kwargs = {} if scaling is None else {"scale": scaling}
     return kernel(q, k, v, cu, cu, u.block_len, u.block_len, **kwargs).unsqueeze(0)
 
@@ -248,7 +241,7 @@ def _varlen_attention(base: str):
         u = bert_mp_unpadded
         if u is None:  # a padded call (e.g. an exported model's own forward): the base kernel as is
             return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-        flash = flash_varlen_kernel(query, dropout, base)
+        flash = None if u.bucketed else flash_varlen_kernel(query, dropout, base)
         if flash is not None:
             return _flash_attention(flash, query, key, value, u, scaling), None
         mask = u.key_mask
