@@ -98,8 +98,11 @@ CARRIED = (
     "pluggy",
     "iniconfig",
     "pygments",
+    "pytorch-optimizer",
+    "torch-optimi",
+    "torchao",
 )
-WANTED = ("datasets", "omegaconf", "pytest")
+WANTED = ("datasets", "omegaconf", "pytest", "pytorch-optimizer", "torch-optimi", "torchao")
 TARGETS = {
     "bf16_mfu_min": 0.45,
     "tf32_speedup_min": 3.0,

@@ -6,6 +6,7 @@
 # three datasets releases are carried with the dill / multiprocess / fsspec each of them needs.
 # omegaconf 2.4 needs no antlr4 runtime (2.3 needed antlr4-python3-runtime 4.9, an sdist only).
 # pytest and its pure-Python requirements travel too: the tests phase must not assume the machine has it.
+# pytorch-optimizer, torch-optimi and torchao: the optimizer and fp8 axes of a sweep (LAMB, Sophia, StableAdamW, Lion, fp8).
 # The total must stay well under the 64 MiB that travels with the working tree (`carry`).
 #   bash scripts/gpu_wheels.sh [DEST]
 set -euo pipefail
@@ -23,13 +24,14 @@ SPECS=(
   xxhash==3.6.0
   omegaconf==2.4.0
   pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0
+  pytorch-optimizer==4.1.0 torch-optimi==0.3.3 torchao==0.18.0
 )
 mkdir -p "$DEST"
 for spec in "${SPECS[@]}"; do
   name="${spec%%==*}"; version="${spec##*==}"
   if ls "$DEST"/"${name//-/_}"-"$version"-*.whl >/dev/null 2>&1; then continue; fi
   "${PIP[@]}" download -q --disable-pip-version-check --only-binary=:all: --no-deps \
-    --python-version "$PYV" --implementation cp --abi "$ABI" \
+    --python-version "$PYV" --implementation cp --abi "$ABI" --abi abi3 --abi none \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     -d "$DEST" "$spec"
 done
