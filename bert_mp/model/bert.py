@@ -411,7 +411,10 @@ class PretrainingModel(nn.Module):
                 "nsp_correct": zero.detach(),
                 "nsp_count": zero.detach(),
             }
-        nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum")
+        n_labels = next_sentence_label.numel()
+        if nsp_logits.shape[0] > n_labels:  # filler sequences of a compiled unpadded batch: no label
+            next_sentence_label = F.pad(next_sentence_label, (0, nsp_logits.shape[0] - n_labels), value=-100)
+        nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum", ignore_index=-100)
         return {
             "mlm_loss_sum": mlm_loss_sum,
             "mlm_correct": mlm_correct.float(),
@@ -419,5 +422,5 @@ class PretrainingModel(nn.Module):
             "nsp_loss_sum": nsp_loss_sum,
             "nsp_correct": (nsp_logits.argmax(-1) == next_sentence_label).sum().float(),
             # a fill on the device, not torch.tensor(..., device=): that is a blocking host-to-device copy
-            "nsp_count": torch.full((), float(next_sentence_label.numel()), device=nsp_logits.device),
+            "nsp_count": torch.full((), float(n_labels), device=nsp_logits.device),
         }
