@@ -242,9 +242,10 @@ def compile_model(
     checkpoints and the export are unchanged: ``none``, ``model`` (the whole forward including the
     loss) or ``layers`` (each ``BertLayer``; one compiled graph serves all layers, shorter compile).
 
-    Shapes are static (``dynamic=False``): the collator pads to a multiple of 8, so a run sees a few
-    sequence lengths and recompiles at most once per length. ``deterministic``: see
-    :func:`deterministic_inductor`.
+    Shapes are static (``dynamic=False``): under compile the collator pads to one of a few lengths
+    and the model gathers and pads to fixed sizes (:mod:`bert_mp.model.buckets`,
+    ``unpad.prepare_for_compile``), so a run compiles a bounded number of graphs. ``deterministic``:
+    see :func:`deterministic_inductor`.
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")

@@ -133,8 +133,9 @@ def unpad_stream(
     """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
 
     ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
-    then padded with filler tokens (label -100) and the attention block rounded up to a multiple of 64,
-    so that everything after this function has one of a few shapes.
+    then padded with filler tokens (label -100), the attention block rounded up to a multiple of 64 and
+    the sequences padded with empty ones (``buckets.pad_sequences``), so that everything after this
+    function has one of a few shapes.
     """
     if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
         attention_mask = torch.ones_like(input_ids)
