@@ -84,15 +84,22 @@ def shape_buckets(max_seq_length: int, unpad: bool, segments: bool) -> int:
 
 
 def allow_recompiles(data_cfg: Any, unpad: bool) -> int:
-    """Raise dynamo's per-frame recompile limit (8 by default) to the bound of :func:`shape_buckets`
-    times 8 (training and evaluation, a full and a smaller last batch, with and without a padding
-    mask), so a bounded run never falls back to eager; returns the limit."""
+    """Raise dynamo's recompile limits (8 per frame, 256 per code object by default) above the bound
+    of :func:`shape_buckets`, so a bounded run never falls back to eager; returns the per-frame limit.
+
+    The bound is multiplied by 8 (training and evaluation, a full and a smaller last batch, with and
+    without a padding mask) and by 4 for frames that several callers share (transformers' deprecation
+    wrapper serves the encoder, the layers and attention with one code object).
+    """
     import torch._dynamo
 
     segments = bool(data_cfg.pack_pairs) or (
         data_cfg.objective == "mlm" and data_cfg.mlm_document_attention == "block"
     )
-    bound = 8 * shape_buckets(int(data_cfg.max_seq_length), unpad, segments)
-    limit = max(int(torch._dynamo.config.recompile_limit), bound)
-    torch._dynamo.config.recompile_limit = limit
+    config = torch._dynamo.config
+    limit = max(
+        int(config.recompile_limit), 32 * shape_buckets(int(data_cfg.max_seq_length), unpad, segments)
+    )
+    config.recompile_limit = limit
+    config.accumulated_recompile_limit = max(int(config.accumulated_recompile_limit), 8 * limit)
     return limit

@@ -34,9 +34,10 @@ def _keep_recompile_limit():
     """prepare_for_compile raises dynamo's process-wide limit; put it back after each test."""
     import torch._dynamo
 
-    limit = torch._dynamo.config.recompile_limit
+    config = torch._dynamo.config
+    limits = config.recompile_limit, config.accumulated_recompile_limit
     yield
-    torch._dynamo.config.recompile_limit = limit
+    config.recompile_limit, config.accumulated_recompile_limit = limits
 
 
 def test_length_and_sequence_buckets_are_few():
@@ -55,10 +56,11 @@ def test_recompile_limit_covers_every_bucket():
     assert shape_buckets(128, unpad=False, segments=False) == 4
     assert shape_buckets(128, unpad=True, segments=False) == 8
     assert shape_buckets(128, unpad=True, segments=True) == 8 * 7  # 1, 2, 4, ..., 64 sequences a row
-    assert allow_recompiles(DataConfig(max_seq_length=128), unpad=False) == 32
+    assert allow_recompiles(DataConfig(max_seq_length=128), unpad=False) == 32 * 4
     blocked = DataConfig(max_seq_length=128, objective="mlm", mlm_document_attention="block")
-    assert allow_recompiles(blocked, unpad=True) == torch._dynamo.config.recompile_limit == 8 * 8 * 7
-    assert allow_recompiles(DataConfig(max_seq_length=128), unpad=False) == 8 * 8 * 7  # never lowered
+    assert allow_recompiles(blocked, unpad=True) == torch._dynamo.config.recompile_limit == 32 * 8 * 7
+    assert torch._dynamo.config.accumulated_recompile_limit == 8 * 32 * 8 * 7
+    assert allow_recompiles(DataConfig(max_seq_length=128), unpad=False) == 32 * 8 * 7  # never lowered
 
 
 def test_pad_sequences_adds_empty_sequences_with_a_safe_key():
