@@ -146,6 +146,7 @@ def test_compiled_packed_and_blocked_batches_compile_a_bounded_number_of_graphs(
         data_cfg = DataConfig(max_seq_length=MAX_LEN)
         batches = [_collated(data_cfg, _pairs(6, rng), True, pack_pairs=True) for _ in range(12)]
         assert len({int(b["input_ids"].shape[0]) for _, b in batches}) > 1  # rows vary unbucketed
+        assert {tuple(s["input_ids"].shape) for s, _ in batches} == {(6, MAX_LEN)}  # one row per pair
     else:
         data_cfg = DataConfig(max_seq_length=MAX_LEN, objective="mlm", mlm_document_attention="block")
         batches = [_collated(data_cfg, _documents(4, rng), True) for _ in range(12)]
