@@ -173,6 +173,9 @@ class PretrainingCollator:
         self.document_sep = int(tokenizer.sep_token_id) if block else None
         """With ``data.mlm_document_attention=block``: the [SEP] id that ends a document in a row
         (``segment_ids`` then number the documents of every row)."""
+        self.static_length: Any = None
+        """Under ``train.compile``: ``padded length -> length`` rounding to one of a few lengths
+        (``bert_mp.model.buckets.collate_length``); packed batches then also keep one row per example."""
 
     def _example(self, f: dict[str, Any]) -> tuple[Any, Any]:
         """One feature's (masked input ids, labels)."""
@@ -194,9 +197,7 @@ class PretrainingCollator:
         if self.pack_length:
             return self._with_documents(self._packed(features))
         length = max(len(f["input_ids"]) for f in features)
-        if self.pad_to_multiple_of:
-            m = self.pad_to_multiple_of
-            length = (length + m - 1) // m * m
+        length = self._padded_length(length)
         n = len(features)
         input_ids = np.full((n, length), self.pad_token_id, dtype=np.int64)
         token_type_ids = np.zeros((n, length), dtype=np.int64)
@@ -223,6 +224,11 @@ class PretrainingCollator:
             batch["next_sentence_label"] = torch.from_numpy(nsp)
         return self._with_documents(batch)
 
+    def _padded_length(self, length: int) -> int:
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        return length if self.static_length is None else int(self.static_length(length))
+
     def _with_documents(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``segment_ids`` per document of a row with ``data.mlm_document_attention=block`` (special
         tokens are never masked, so the masked ids show every [SEP])."""
@@ -247,9 +253,8 @@ class PretrainingCollator:
 
         plan = pack_rows([len(f["input_ids"]) for f in features], self.pack_length)
         length = max(sum(len(features[i]["input_ids"]) for i in row) for row in plan)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        shape = (len(plan), length)
+        length = self._padded_length(length)
+        shape = (len(plan) if self.static_length is None else len(features), length)
         input_ids = np.full(shape, self.pad_token_id, dtype=np.int64)
         token_type_ids, attention_mask = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
         segment_ids, labels = np.zeros(shape, dtype=np.int64), np.full(shape, -100, dtype=np.int64)

@@ -242,9 +242,10 @@ def compile_model(
     checkpoints and the export are unchanged: ``none``, ``model`` (the whole forward including the
     loss) or ``layers`` (each ``BertLayer``; one compiled graph serves all layers, shorter compile).
 
-    Shapes are static (``dynamic=False``): the collator pads to a multiple of 8, so a run sees a few
-    sequence lengths and recompiles at most once per length. ``deterministic``: see
-    :func:`deterministic_inductor`.
+    Shapes are static (``dynamic=False``): under compile the collator pads to one of a few lengths
+    and the model gathers and pads to fixed sizes (:mod:`bert_mp.model.buckets`,
+    ``unpad.prepare_for_compile``), so a run compiles a bounded number of graphs. ``deterministic``:
+    see :func:`deterministic_inductor`.
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
@@ -411,7 +412,10 @@ class PretrainingModel(nn.Module):
                 "nsp_correct": zero.detach(),
                 "nsp_count": zero.detach(),
             }
-        nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum")
+        n_labels = next_sentence_label.numel()
+        if nsp_logits.shape[0] > n_labels:  # filler sequences of a compiled unpadded batch: no label
+            next_sentence_label = F.pad(next_sentence_label, (0, nsp_logits.shape[0] - n_labels), value=-100)
+        nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum", ignore_index=-100)
         return {
             "mlm_loss_sum": mlm_loss_sum,
             "mlm_correct": mlm_correct.float(),
@@ -419,5 +423,5 @@ class PretrainingModel(nn.Module):
             "nsp_loss_sum": nsp_loss_sum,
             "nsp_correct": (nsp_logits.argmax(-1) == next_sentence_label).sum().float(),
             # a fill on the device, not torch.tensor(..., device=): that is a blocking host-to-device copy
-            "nsp_count": torch.full((), float(next_sentence_label.numel()), device=nsp_logits.device),
+            "nsp_count": torch.full((), float(n_labels), device=nsp_logits.device),
         }

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bert_mp.model.buckets import allow_recompiles, pad_sequences, sequence_bucket
+
 PREFIX = "bert_mp_unpad_"
 
 
@@ -66,8 +68,9 @@ class Unpadded:
 
     @property
     def cls_index(self) -> torch.Tensor:
-        """Stream position of each sequence's first token (its ``[CLS]``)."""
-        return self.cu_seqlens[:-1]
+        """Stream position of each sequence's first token (its ``[CLS]``; a filler sequence's
+        (:func:`~bert_mp.model.buckets.pad_sequences`) stays inside the stream)."""
+        return self.cu_seqlens[:-1].clamp(max=max(int(self.block_index.numel()) - 1, 0))
 
 
 def token_bucket(total: int, capacity: int, buckets: int = 8, multiple: int = 64) -> int:
@@ -130,8 +133,9 @@ def unpad_stream(
     """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
 
     ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
-    then padded with filler tokens (label -100) and the attention block rounded up to a multiple of 64,
-    so that everything after this function has one of a few shapes.
+    then padded with filler tokens (label -100), the attention block rounded up to a multiple of 64 and
+    the sequences padded with empty ones (``buckets.pad_sequences``), so that everything after this
+    function has one of a few shapes.
     """
     if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
         attention_mask = torch.ones_like(input_ids)
@@ -141,6 +145,8 @@ def unpad_stream(
         stream_len = bucket(int(attention_mask.sum()), rows * length)
         block_len = -(-length // 64) * 64
     u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
+    if bucket is not None:  # and the number of sequences (packed pairs, blocked documents)
+        u = pad_sequences(u, sequence_bucket(u.num_sequences, input_ids.shape[0]))
     u.bucketed = bucket is not None
     fill = u.fillers
 
@@ -309,12 +315,18 @@ def run_unpadded(
 
 
 def prepare_for_compile(wrapper: nn.Module, data_cfg: Any) -> None:
-    """Before ``torch.compile`` of an unpadded ``PretrainingModel``: bucket the stream length and gather
-    the masked rows into a fixed buffer, so a run compiles a bounded number of graphs (see
-    :func:`token_bucket`). Whole-word masking keeps the dynamic gather (it can exceed the cap)."""
-    wrapper.stream_bucket = token_bucket
-    if not data_cfg.whole_word_masking and not wrapper.max_predictions_per_seq:
-        wrapper.max_predictions_per_seq = data_cfg.max_predictions()
+    """Before ``torch.compile`` of a ``PretrainingModel`` (padded or unpadded): gather the masked rows
+    into a fixed buffer and, unpadded, bucket the stream length and the number of sequences, so a run
+    compiles a bounded number of graphs (see :mod:`bert_mp.model.buckets`; the collator's padded
+    length is the other half). Whole-word masking can exceed ``max_predictions_per_seq``: its buffer
+    holds every position."""
+    allow_recompiles(data_cfg, wrapper.unpad)
+    if wrapper.unpad:
+        wrapper.stream_bucket = token_bucket
+    if not wrapper.max_predictions_per_seq:
+        wrapper.max_predictions_per_seq = (
+            data_cfg.max_seq_length if data_cfg.whole_word_masking else data_cfg.max_predictions()
+        )
 
 
 def compiled_graphs() -> int:

@@ -189,10 +189,10 @@ class Trainer(TrainingLoop):
             max_predictions_per_seq=static_mask_cap(cfg.data, acc.device),
             unpad=cfg.model.unpad,
         )
-        if cfg.model.unpad and tc.compile != "none":
+        if tc.compile != "none":
             from bert_mp.model.unpad import prepare_for_compile
 
-            prepare_for_compile(wrapped, cfg.data)  # bucketed stream lengths: a bounded number of graphs
+            prepare_for_compile(wrapped, cfg.data)  # fixed-size gathers, bucketed streams: bounded graphs
         # on CPU, inductor's scatter-adds run in a fixed order, so compiled runs resume bit-identically
         wrapped = compile_model(wrapped, tc.compile, deterministic=acc.device.type == "cpu")
         optimizer = build_optimizer(wrapped, tc, acc.device)
@@ -230,6 +230,10 @@ class Trainer(TrainingLoop):
         self.collator = PretrainingCollator(
             self.data.tokenizer, self.cfg.data, seed=tc.seed, pad_to_multiple_of=8
         )
+        if tc.compile != "none":  # a few padded lengths only: a bounded number of compiled graphs
+            from bert_mp.model.buckets import collate_length
+
+            self.collator.static_length = collate_length(self.cfg.data.max_seq_length, self.cfg.model.unpad)
         g = self.geometry
         self.sampler = MicroBatchSampler(
             len(self.train_ds),

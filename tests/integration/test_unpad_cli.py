@@ -1,6 +1,6 @@
-"""``bert-mp train configs/quickstart.yaml model.unpad=true`` (packed, compiled): trains, resumes
-bit-identically in a fresh process, and exports a folder whose plain-transformers (padded) logits
-equal the unpadded model's."""
+"""``bert-mp train configs/quickstart.yaml model.unpad=true`` (packed, compiled; and the padded path
+compiled): trains, resumes bit-identically in a fresh process, and exports a folder whose
+plain-transformers (padded) logits equal the unpadded model's."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def _padded_batch(rows: list[dict], length: int) -> dict[str, torch.Tensor]:
 @pytest.mark.slow  # three fresh training processes of a tiny model
 @pytest.mark.parametrize(
     "extra",
-    [[], ["data.pack_pairs=true"], ["train.compile=model"]],
-    ids=["unpad", "unpad+pack", "unpad+compile"],  # compile: inductor, minutes of CPU
+    [[], ["data.pack_pairs=true"], ["train.compile=model"], ["model.unpad=false", "train.compile=model"]],
+    ids=["unpad", "unpad+pack", "unpad+compile", "padded+compile"],  # compile: inductor, minutes of CPU
 )
 def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
     overrides = [*_overrides(tmp_path, "straight"), *extra]
@@ -95,7 +95,8 @@ def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
 
     # the same resolved config in fresh processes: stop (and save) after step 4, resume to 6
     cfg = load_config(straight / "config.yaml")
-    assert cfg.model.unpad and cfg.data.pack_pairs == ("data.pack_pairs=true" in extra)
+    assert cfg.model.unpad == ("model.unpad=false" not in extra)
+    assert cfg.data.pack_pairs == ("data.pack_pairs=true" in extra)
     cfg.train.output_dir = str(tmp_path / "parts")
     cfg_path = tmp_path / "parts.yaml"
     save_config(cfg, cfg_path)
@@ -112,7 +113,9 @@ def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
     if "train.compile=model" in extra:
         assert json.loads((straight / "summary.json").read_text())["compile"]["graphs"] > 0
     # exact, every step, compiled too: on CPU the compiled run's scatter-adds keep one order
-    # (bert_mp.model.bert.deterministic_inductor), so a fresh process repeats it to the bit
+    # (bert_mp.model.bert.deterministic_inductor), so a fresh process repeats it to the bit; padded,
+    # the bucketed lengths keep every graph compiled (no frame passes the recompile limit and runs
+    # eagerly in one process but not in the other)
     assert _losses(straight) == _losses(parts)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
