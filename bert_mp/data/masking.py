@@ -157,6 +157,7 @@ class PretrainingCollator:
         seed: int,
         pad_to_multiple_of: int | None = 8,
         pack_pairs: bool | None = None,
+        layout: Any = None,
     ):
         warning = data_cfg.masking_cap_warning()
         if warning and data_cfg.masking == "dynamic":
@@ -173,6 +174,10 @@ class PretrainingCollator:
         self.document_sep = int(tokenizer.sep_token_id) if block else None
         """With ``data.mlm_document_attention=block``: the [SEP] id that ends a document in a row
         (``segment_ids`` then number the documents of every row)."""
+        self.layout = layout
+        """None, or ``batch -> extra tensors`` added to every collated batch: with ``model.unpad`` the
+        trainer sets the unpadded model's host layout here, so it is computed in the DataLoader (in a
+        worker, while the device runs the previous step) rather than on the device."""
 
     def _example(self, f: dict[str, Any]) -> tuple[Any, Any]:
         """One feature's (masked input ids, labels)."""
@@ -191,8 +196,11 @@ class PretrainingCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
             raise ValueError("PretrainingCollator got an empty batch")
-        if self.pack_length:
-            return self._with_documents(self._packed(features))
+        batch = self._with_documents(self._packed(features) if self.pack_length else self._padded(features))
+        return batch if self.layout is None else {**batch, **self.layout(batch)}
+
+    def _padded(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """One row per example, padded to the longest (rounded up to ``pad_to_multiple_of``)."""
         length = max(len(f["input_ids"]) for f in features)
         if self.pad_to_multiple_of:
             m = self.pad_to_multiple_of
@@ -221,7 +229,7 @@ class PretrainingCollator:
         }
         if with_nsp:
             batch["next_sentence_label"] = torch.from_numpy(nsp)
-        return self._with_documents(batch)
+        return batch
 
     def _with_documents(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``segment_ids`` per document of a row with ``data.mlm_document_attention=block`` (special

@@ -117,6 +117,57 @@ def unpad_index(
     return Unpadded(indices, lengths, cu, position_ids, block_index, key_mask, gather_index, block, fillers)
 
 
+def bucketed_layout(
+    attention_mask: torch.Tensor, segment_ids: torch.Tensor | None = None, bucket: Any = None
+) -> Unpadded:
+    """:func:`unpad_index` of a padded batch, with the stream and block sizes of ``bucket`` (see
+    :func:`unpad_stream`). The one place both the model and the collator's host layout get it from."""
+    stream_len = block_len = None
+    if bucket is not None:
+        rows, length = attention_mask.shape
+        stream_len = bucket(int(attention_mask.sum()), rows * length)
+        block_len = -(-length // 64) * 64
+    u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
+    u.bucketed = bucket is not None
+    return u
+
+
+LAYOUT_KEYS = ("indices", "lengths", "cu_seqlens", "position_ids", "block_index", "key_mask", "gather_index")
+"""The :class:`Unpadded` tensors a collated batch carries (as ``unpad_<name>``) with :func:`host_layout`."""
+
+
+def host_layout(batch: dict[str, torch.Tensor], bucket: Any = None) -> dict[str, torch.Tensor]:
+    """The :class:`Unpadded` layout of a collated host batch, as ``unpad_<name>`` tensors to add to it.
+
+    Computed in the DataLoader's collate step (overlapped with the device's work), so the model's
+    unpadded forward reads no sequence length back and launches no layout kernels; the python ints
+    it needs come from tensor shapes (block length: ``unpad_key_mask``'s last dimension; fillers:
+    ``unpad_block_index``'s length minus ``unpad_indices``'). ``bucket``: as the model's
+    ``stream_bucket`` (compiled runs), so the precomputed stream has the model's bucketed sizes.
+    """
+    mask = batch.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(batch["input_ids"])
+    u = bucketed_layout(mask, batch.get("segment_ids"), bucket)
+    return {f"unpad_{name}": getattr(u, name) for name in LAYOUT_KEYS}
+
+
+def received_layout(layout: dict[str, torch.Tensor], bucketed: bool) -> Unpadded:
+    """The :class:`Unpadded` of a batch's ``unpad_<name>`` tensors (:func:`host_layout`): no device work."""
+    missing = [n for n in LAYOUT_KEYS if f"unpad_{n}" not in layout]
+    if missing or len(layout) != len(LAYOUT_KEYS):
+        raise ValueError(
+            f"a precomputed unpadded layout has the keys {sorted(layout)}; expected "
+            f"{', '.join('unpad_' + n for n in LAYOUT_KEYS)}"
+        )
+    u = Unpadded(
+        **{n: layout[f"unpad_{n}"] for n in LAYOUT_KEYS}, block_len=layout["unpad_key_mask"].shape[-1]
+    )
+    u.fillers = u.block_index.shape[0] - u.indices.shape[0]
+    u.bucketed = bucketed or u.fillers > 0
+    return u
+
+
 @torch.compiler.disable  # host-side bookkeeping: shapes depend on the data; compiled code sees its results
 def unpad_stream(
     input_ids: torch.Tensor,
@@ -126,22 +177,22 @@ def unpad_stream(
     segment_ids: torch.Tensor | None = None,
     bucket: Any = None,
     pad_token_id: int = 0,
+    layout: dict[str, torch.Tensor] | None = None,
 ) -> tuple[Unpadded, dict[str, torch.Tensor]]:
     """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
 
     ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
     then padded with filler tokens (label -100) and the attention block rounded up to a multiple of 64,
-    so that everything after this function has one of a few shapes.
+    so that everything after this function has one of a few shapes. ``layout``: the batch's
+    precomputed ``unpad_*`` tensors (:func:`host_layout`), used as they are; without it the layout is
+    computed here (host syncs on CUDA: the sequence lengths and counts are read back).
     """
-    if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
-        attention_mask = torch.ones_like(input_ids)
-    stream_len = block_len = None
-    if bucket is not None:
-        rows, length = input_ids.shape
-        stream_len = bucket(int(attention_mask.sum()), rows * length)
-        block_len = -(-length // 64) * 64
-    u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
-    u.bucketed = bucket is not None
+    if layout:
+        u = received_layout(layout, bucketed=bucket is not None)
+    else:
+        if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
+            attention_mask = torch.ones_like(input_ids)
+        u = bucketed_layout(attention_mask, segment_ids, bucket)
     fill = u.fillers
 
     def take(x: torch.Tensor, filler: int) -> torch.Tensor:
@@ -290,10 +341,12 @@ def run_unpadded(
     labels: torch.Tensor,
     attention_mask: torch.Tensor | None,
     segment_ids: torch.Tensor | None = None,
+    layout: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``PretrainingModel``'s encoder call on the unpadded path: the stream's ``(S, hidden)`` states
     (real tokens first, then any fillers), the pooled ``[CLS]`` of every sequence and the ``(S,)``
-    labels (-100 on fillers), for the loss code that follows."""
+    labels (-100 on fillers), for the loss code that follows. ``layout``: the batch's precomputed
+    ``unpad_*`` tensors, if the collator added them (:func:`host_layout`)."""
     bert = wrapper.model.bert
     u, stream = unpad_stream(
         input_ids,
@@ -303,6 +356,7 @@ def run_unpadded(
         segment_ids,
         bucket=getattr(wrapper, "stream_bucket", None),
         pad_token_id=int(bert.config.pad_token_id or 0),
+        layout=layout,
     )
     hidden, pooled = encode_unpadded(bert, stream, u)
     return hidden, pooled, stream["labels"]
@@ -315,6 +369,14 @@ def prepare_for_compile(wrapper: nn.Module, data_cfg: Any) -> None:
     wrapper.stream_bucket = token_bucket
     if not data_cfg.whole_word_masking and not wrapper.max_predictions_per_seq:
         wrapper.max_predictions_per_seq = data_cfg.max_predictions()
+
+
+def collate_layout(wrapper: nn.Module) -> Any:
+    """The collator's ``layout`` option for an unpadded ``PretrainingModel``: :func:`host_layout` with the
+    model's stream bucket (a picklable callable, for DataLoader workers)."""
+    from functools import partial
+
+    return partial(host_layout, bucket=getattr(wrapper, "stream_bucket", None))
 
 
 def compiled_graphs() -> int:
