@@ -107,3 +107,40 @@ def test_a_padded_model_ignores_the_layout_and_rejects_other_arguments():
             assert torch.equal(got[k], want[k]), k
         with pytest.raises(TypeError, match="unexpected arguments"):
             padded(**plain(feats), position_ids=None)
+
+
+def test_compiled_model_takes_the_collated_layout_within_its_graph_budget():
+    """torch.compile (``eager`` backend: dynamo's capture and guards, which decide the recompiles) of a
+    bucketed unpadded model fed batches with the collated layout: the uncompiled model's sums, and no
+    more graphs than two stream buckets need (test_unpad.py's budget for the device-computed layout)."""
+    import random
+
+    import torch._dynamo
+
+    from bert_mp.model.unpad import compiled_graphs, prepare_for_compile
+
+    torch._dynamo.reset()
+    reference = tiny_unpadded_model(MAX_LEN)
+    model = copy.deepcopy(reference)
+    for m in (model, reference):
+        prepare_for_compile(m, DataConfig(max_seq_length=MAX_LEN, max_predictions_per_seq=8))
+    # rows padded to one length (as test_unpad.py's batches): only the stream buckets vary
+    cfg = DataConfig(max_seq_length=MAX_LEN)
+    with_layout = PretrainingCollator(
+        make_tokenizer(), cfg, 3, pad_to_multiple_of=MAX_LEN, layout=collate_layout(model)
+    )
+    model.compile(backend="eager", dynamic=False)
+    before = compiled_graphs()
+    rng = random.Random(0)
+    for i in range(8):
+        batch = with_layout(_features([rng.randint(8, MAX_LEN) for _ in range(2)], seed=i))
+        got, want = (
+            model(**batch),
+            reference(**{k: v for k, v in batch.items() if not k.startswith("unpad_")}),
+        )
+        (got["mlm_loss_sum"] + got["nsp_loss_sum"]).backward()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5)
+    # capacity 2 x 64 = 128 tokens: buckets of 64 and 128, each one forward graph after the host-side
+    # unpadding and one for the loss after it
+    assert compiled_graphs() - before <= 4
