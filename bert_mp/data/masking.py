@@ -175,9 +175,10 @@ class PretrainingCollator:
         """With ``data.mlm_document_attention=block``: the [SEP] id that ends a document in a row
         (``segment_ids`` then number the documents of every row)."""
         self.layout = layout
-        """None, or ``batch -> extra tensors`` added to every collated batch: with ``model.unpad`` the
-        trainer sets the unpadded model's host layout here, so it is computed in the DataLoader (in a
-        worker, while the device runs the previous step) rather than on the device."""
+        """None, or ``batch -> extra entries`` added to every collated batch: with ``model.unpad`` the
+        trainer sets the unpadded model's host layout here (``unpad_layout``, moved to the device with
+        the batch), so it is computed in the DataLoader (in a worker, while the device runs the previous
+        step) rather than on the device."""
 
     def _example(self, f: dict[str, Any]) -> tuple[Any, Any]:
         """One feature's (masked input ids, labels)."""

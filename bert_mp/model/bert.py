@@ -374,17 +374,15 @@ class PretrainingModel(nn.Module):
         next_sentence_label: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
-        **layout: torch.Tensor,
+        unpad_layout: Any = None,
     ) -> dict[str, torch.Tensor]:
-        """``layout``: the ``unpad_*`` tensors a collator with a host layout adds (``model/unpad.py``
-        ``host_layout``); the unpadded path then computes none itself, the padded path ignores them."""
-        if any(not k.startswith("unpad_") for k in layout):
-            raise TypeError(f"PretrainingModel.forward got unexpected arguments {sorted(layout)}")
+        """``unpad_layout``: the layout a collator computed with the batch (``model/unpad.py``
+        ``host_layout``); the unpadded path then computes none itself, the padded path ignores it."""
         if self.unpad:
             from bert_mp.model.unpad import run_unpadded
 
             seq, pooled, flat_labels = run_unpadded(
-                self, input_ids, token_type_ids, labels, attention_mask, segment_ids, layout
+                self, input_ids, token_type_ids, labels, attention_mask, segment_ids, unpad_layout
             )
         else:
             attention_mask = sdpa_padding_mask(attention_mask, self.model.config._attn_implementation)

@@ -133,39 +133,47 @@ def bucketed_layout(
 
 
 LAYOUT_KEYS = ("indices", "lengths", "cu_seqlens", "position_ids", "block_index", "key_mask", "gather_index")
-"""The :class:`Unpadded` tensors a collated batch carries (as ``unpad_<name>``) with :func:`host_layout`."""
+"""The :class:`Unpadded` tensors a :class:`HostLayout` carries."""
 
 
-def host_layout(batch: dict[str, torch.Tensor], bucket: Any = None) -> dict[str, torch.Tensor]:
-    """The :class:`Unpadded` layout of a collated host batch, as ``unpad_<name>`` tensors to add to it.
+@dataclass
+class HostLayout:
+    """An :class:`Unpadded` layout computed with the batch (:func:`host_layout`), carried in it as
+    ``unpad_layout``. One object rather than loose tensors: compiled code only hands it on to
+    :func:`unpad_stream`, so it never guards on (and recompiles for) its data-dependent shapes. Moved
+    (``to``) and pinned (``pin_memory``) like a tensor, so the batch's device copy takes it along."""
+
+    tensors: dict[str, torch.Tensor]
+    """The :data:`LAYOUT_KEYS` tensors of the layout."""
+
+    def to(self, *args: Any, **kwargs: Any) -> HostLayout:
+        return HostLayout({k: t.to(*args, **kwargs) for k, t in self.tensors.items()})
+
+    def pin_memory(self, *args: Any) -> HostLayout:
+        return HostLayout({k: t.pin_memory(*args) for k, t in self.tensors.items()})
+
+    def unpadded(self, bucketed: bool) -> Unpadded:
+        """The :class:`Unpadded` of these tensors, without device work: the block length and the filler
+        count are read from tensor shapes."""
+        t = self.tensors
+        u = Unpadded(**{n: t[n] for n in LAYOUT_KEYS}, block_len=t["key_mask"].shape[-1])
+        u.fillers = u.block_index.shape[0] - u.indices.shape[0]
+        u.bucketed = bucketed or u.fillers > 0
+        return u
+
+
+def host_layout(batch: dict[str, torch.Tensor], bucket: Any = None) -> dict[str, HostLayout]:
+    """``{"unpad_layout": HostLayout}`` for a collated host batch: its :class:`Unpadded` layout.
 
     Computed in the DataLoader's collate step (overlapped with the device's work), so the model's
-    unpadded forward reads no sequence length back and launches no layout kernels; the python ints
-    it needs come from tensor shapes (block length: ``unpad_key_mask``'s last dimension; fillers:
-    ``unpad_block_index``'s length minus ``unpad_indices``'). ``bucket``: as the model's
-    ``stream_bucket`` (compiled runs), so the precomputed stream has the model's bucketed sizes.
+    unpadded forward reads no sequence length back and launches no layout kernels. ``bucket``: as the
+    model's ``stream_bucket`` (compiled runs), so the stream has the model's bucketed sizes.
     """
     mask = batch.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(batch["input_ids"])
     u = bucketed_layout(mask, batch.get("segment_ids"), bucket)
-    return {f"unpad_{name}": getattr(u, name) for name in LAYOUT_KEYS}
-
-
-def received_layout(layout: dict[str, torch.Tensor], bucketed: bool) -> Unpadded:
-    """The :class:`Unpadded` of a batch's ``unpad_<name>`` tensors (:func:`host_layout`): no device work."""
-    missing = [n for n in LAYOUT_KEYS if f"unpad_{n}" not in layout]
-    if missing or len(layout) != len(LAYOUT_KEYS):
-        raise ValueError(
-            f"a precomputed unpadded layout has the keys {sorted(layout)}; expected "
-            f"{', '.join('unpad_' + n for n in LAYOUT_KEYS)}"
-        )
-    u = Unpadded(
-        **{n: layout[f"unpad_{n}"] for n in LAYOUT_KEYS}, block_len=layout["unpad_key_mask"].shape[-1]
-    )
-    u.fillers = u.block_index.shape[0] - u.indices.shape[0]
-    u.bucketed = bucketed or u.fillers > 0
-    return u
+    return {"unpad_layout": HostLayout({name: getattr(u, name) for name in LAYOUT_KEYS})}
 
 
 @torch.compiler.disable  # host-side bookkeeping: shapes depend on the data; compiled code sees its results
@@ -177,18 +185,18 @@ def unpad_stream(
     segment_ids: torch.Tensor | None = None,
     bucket: Any = None,
     pad_token_id: int = 0,
-    layout: dict[str, torch.Tensor] | None = None,
+    layout: HostLayout | None = None,
 ) -> tuple[Unpadded, dict[str, torch.Tensor]]:
     """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
 
     ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
     then padded with filler tokens (label -100) and the attention block rounded up to a multiple of 64,
     so that everything after this function has one of a few shapes. ``layout``: the batch's
-    precomputed ``unpad_*`` tensors (:func:`host_layout`), used as they are; without it the layout is
-    computed here (host syncs on CUDA: the sequence lengths and counts are read back).
+    precomputed layout (:func:`host_layout`), used as it is; without it the layout is computed here
+    (host syncs on CUDA: the sequence lengths and counts are read back).
     """
-    if layout:
-        u = received_layout(layout, bucketed=bucket is not None)
+    if layout is not None:
+        u = layout.unpadded(bucketed=bucket is not None)
     else:
         if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
             attention_mask = torch.ones_like(input_ids)
@@ -341,12 +349,12 @@ def run_unpadded(
     labels: torch.Tensor,
     attention_mask: torch.Tensor | None,
     segment_ids: torch.Tensor | None = None,
-    layout: dict[str, torch.Tensor] | None = None,
+    layout: HostLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``PretrainingModel``'s encoder call on the unpadded path: the stream's ``(S, hidden)`` states
     (real tokens first, then any fillers), the pooled ``[CLS]`` of every sequence and the ``(S,)``
     labels (-100 on fillers), for the loss code that follows. ``layout``: the batch's precomputed
-    ``unpad_*`` tensors, if the collator added them (:func:`host_layout`)."""
+    layout, if the collator added one (:func:`host_layout`)."""
     bert = wrapper.model.bert
     u, stream = unpad_stream(
         input_ids,

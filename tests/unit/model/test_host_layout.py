@@ -1,4 +1,4 @@
-"""The unpadded layout computed by the collator (model.unpad): the same batches plus ``unpad_*`` tensors,
+"""The unpadded layout computed by the collator (model.unpad): the same batches plus ``unpad_layout``,
 and the same losses and gradients as the layout the model computes itself."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from support import make_tokenizer, tiny_unpadded_model
 from bert_mp.core.config import DataConfig
 from bert_mp.data.masking import PretrainingCollator
 from bert_mp.model.bert import PretrainingModel
-from bert_mp.model.unpad import LAYOUT_KEYS, collate_layout, token_bucket, unpad_index
+from bert_mp.model.unpad import LAYOUT_KEYS, HostLayout, collate_layout, token_bucket, unpad_index
 
 MAX_LEN = 64
 
@@ -65,13 +65,17 @@ def test_the_layout_adds_tensors_and_changes_nothing_else():
     plain, with_layout = _collators(model, pack=False)
     feats = _features(CASES["rows"]["lengths"])
     a, b = plain(feats), with_layout(feats)
-    assert list(b) == [*a, *(f"unpad_{n}" for n in LAYOUT_KEYS)]
+    assert list(b) == [*a, "unpad_layout"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    u = unpad_index(a["attention_mask"])
+    layout, u = b["unpad_layout"], unpad_index(a["attention_mask"])
     for n in LAYOUT_KEYS:
-        assert torch.equal(b[f"unpad_{n}"], getattr(u, n)), n
-    assert b["unpad_key_mask"].shape[-1] == max(CASES["rows"]["lengths"])  # the block length, as a shape
+        assert torch.equal(layout.tensors[n], getattr(u, n)), n
+    # moved and pinned like a tensor, so the batch's device copy (step.py, evaluate.py) takes it along
+    moved = layout.to(torch.device("cpu"), non_blocking=True)
+    assert isinstance(moved, HostLayout) and moved.tensors.keys() == layout.tensors.keys()
+    received = layout.unpadded(bucketed=False)
+    assert received.block_len == max(CASES["rows"]["lengths"]) and received.fillers == 0  # from shapes
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -85,8 +89,8 @@ def test_collated_layout_gives_the_device_layouts_losses_and_gradients(case: str
     lengths = CASES[case]["lengths"]
     feats = [_features(lengths, seed=1), _features(lengths[::-1], seed=2)]
     if bucketed:  # the bucket's sizes: a block of 64 and a stream a multiple of 64 (fillers where short)
-        layout = with_layout(feats[0])
-        assert layout["unpad_key_mask"].shape[-1] == 64 and layout["unpad_block_index"].shape[0] % 64 == 0
+        u = with_layout(feats[0])["unpad_layout"].unpadded(bucketed=True)
+        assert u.block_len == 64 and (len(u.indices) + u.fillers) % 64 == 0
     sums_d, grads_d = _step(base, [plain(f) for f in feats])
     sums_h, grads_h = _step(other, [with_layout(f) for f in feats])
     assert sums_d.keys() == sums_h.keys() and grads_d.keys() == grads_h.keys() and len(grads_d) > 10
@@ -96,7 +100,7 @@ def test_collated_layout_gives_the_device_layouts_losses_and_gradients(case: str
         assert torch.equal(grads_h[name], grads_d[name]), name
 
 
-def test_a_padded_model_ignores_the_layout_and_rejects_other_arguments():
+def test_a_padded_model_ignores_the_layout():
     unpadded = tiny_unpadded_model(MAX_LEN)
     padded = PretrainingModel(copy.deepcopy(unpadded.model), unpad=False)
     plain, with_layout = _collators(unpadded, pack=False)
@@ -105,8 +109,6 @@ def test_a_padded_model_ignores_the_layout_and_rejects_other_arguments():
         want, got = padded(**plain(feats)), padded(**with_layout(feats))
         for k in want:
             assert torch.equal(got[k], want[k]), k
-        with pytest.raises(TypeError, match="unexpected arguments"):
-            padded(**plain(feats), position_ids=None)
 
 
 def test_compiled_model_takes_the_collated_layout_within_its_graph_budget():
@@ -116,6 +118,7 @@ def test_compiled_model_takes_the_collated_layout_within_its_graph_budget():
     import random
 
     import torch._dynamo
+    from torch._dynamo.utils import counters
 
     from bert_mp.model.unpad import compiled_graphs, prepare_for_compile
 
@@ -130,13 +133,13 @@ def test_compiled_model_takes_the_collated_layout_within_its_graph_budget():
         make_tokenizer(), cfg, 3, pad_to_multiple_of=MAX_LEN, layout=collate_layout(model)
     )
     model.compile(backend="eager", dynamic=False)
-    before = compiled_graphs()
+    before, frames = compiled_graphs(), counters["frames"]["total"]
     rng = random.Random(0)
     for i in range(8):
         batch = with_layout(_features([rng.randint(8, MAX_LEN) for _ in range(2)], seed=i))
         got, want = (
             model(**batch),
-            reference(**{k: v for k, v in batch.items() if not k.startswith("unpad_")}),
+            reference(**{k: v for k, v in batch.items() if k != "unpad_layout"}),
         )
         (got["mlm_loss_sum"] + got["nsp_loss_sum"]).backward()
         for k in want:
@@ -144,3 +147,7 @@ def test_compiled_model_takes_the_collated_layout_within_its_graph_budget():
     # capacity 2 x 64 = 128 tokens: buckets of 64 and 128, each one forward graph after the host-side
     # unpadding and one for the loss after it
     assert compiled_graphs() - before <= 4
+    # frames: forward, run_unpadded and the two resumed after the host-side parts, plus a recompile of
+    # those two for the second bucket; a layout whose token count reached the guards would recompile
+    # forward for every new count (and past the cache limit fall back to eager)
+    assert counters["frames"]["total"] - frames <= 6
