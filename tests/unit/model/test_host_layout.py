@@ -151,3 +151,18 @@ def test_compiled_model_takes_the_collated_layout_within_its_graph_budget():
     # those two for the second bucket; a layout whose token count reached the guards would recompile
     # forward for every new count (and past the cache limit fall back to eager)
     assert counters["frames"]["total"] - frames <= 6
+
+
+def test_a_dataloader_worker_collates_the_layout():
+    """The layout is computed in the DataLoader's worker process and crosses to the trainer with the batch."""
+    from torch.utils.data import DataLoader
+
+    model = tiny_unpadded_model(MAX_LEN)
+    _, with_layout = _collators(model, pack=True)
+    feats = _features(CASES["packed"]["lengths"])
+    loader = DataLoader([feats], batch_size=None, collate_fn=with_layout, num_workers=1)
+    (batch,) = list(loader)
+    want = with_layout(feats)["unpad_layout"].tensors
+    assert isinstance(batch["unpad_layout"], HostLayout)
+    for n in LAYOUT_KEYS:
+        assert torch.equal(batch["unpad_layout"].tensors[n], want[n]), n
