@@ -407,6 +407,7 @@ def bench_interleaved(
     from bert_mp.data.masking import PretrainingCollator
     from bert_mp.model.bert import PretrainingModel, bert_config
     from bert_mp.model.dropout import install_fast_dropout
+    from bert_mp.model.unpad import collate_layout
 
     ds, mb, total = data.dataset["train"], args.micro_batch, args.warmup + args.steps
     feats = [
@@ -419,7 +420,6 @@ def bench_interleaved(
             raise SystemExit(f"--interleaved-precisions {prec}: choose fp32 and/or bf16")
         for name in ["baseline", *names]:
             unpad, pack, _ = PATHS.get(name, (False, False, "none"))
-            collate = PretrainingCollator(data.tokenizer, replace(data_cfg, pack_pairs=pack), seed=42)
             torch.manual_seed(0)
             model = BertForPreTraining(
                 bert_config(ModelConfig(preset=args.preset, **_dropout_kw(args)), vocab_size=args.vocab)
@@ -427,6 +427,12 @@ def bench_interleaved(
             if name != "baseline":
                 install_fast_dropout(model)
                 model = PretrainingModel(model, unpad=unpad)
+            # as the trainer does: an unpadded model's layout comes with its batches (untimed, like the
+            # padding and masking of every path)
+            layout = collate_layout(model) if unpad and name != "baseline" else None
+            collate = PretrainingCollator(
+                data.tokenizer, replace(data_cfg, pack_pairs=pack), seed=42, layout=layout
+            )
             runs[name if prec == "fp32" else f"{name}_{prec}"] = {
                 "model": model.train(),
                 "opt": torch.optim.AdamW(model.parameters(), lr=1e-4),

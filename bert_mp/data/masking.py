@@ -157,6 +157,7 @@ class PretrainingCollator:
         seed: int,
         pad_to_multiple_of: int | None = 8,
         pack_pairs: bool | None = None,
+        layout: Any = None,
     ):
         warning = data_cfg.masking_cap_warning()
         if warning and data_cfg.masking == "dynamic":
@@ -176,6 +177,11 @@ class PretrainingCollator:
         self.static_length: Any = None
         """Under ``train.compile``: ``padded length -> length`` rounding to one of a few lengths
         (``bert_mp.model.buckets.collate_length``); packed batches then also keep one row per example."""
+        self.layout = layout
+        """None, or ``batch -> extra entries`` added to every collated batch: with ``model.unpad`` the
+        trainer sets the unpadded model's host layout here (``unpad_layout``, moved to the device with
+        the batch), so it is computed in the DataLoader (in a worker, while the device runs the previous
+        step) rather than on the device."""
 
     def _example(self, f: dict[str, Any]) -> tuple[Any, Any]:
         """One feature's (masked input ids, labels)."""
@@ -194,8 +200,11 @@ class PretrainingCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
             raise ValueError("PretrainingCollator got an empty batch")
-        if self.pack_length:
-            return self._with_documents(self._packed(features))
+        batch = self._with_documents(self._packed(features) if self.pack_length else self._padded(features))
+        return batch if self.layout is None else {**batch, **self.layout(batch)}
+
+    def _padded(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """One row per example, padded to the longest (rounded up to ``pad_to_multiple_of``)."""
         length = max(len(f["input_ids"]) for f in features)
         length = self._padded_length(length)
         n = len(features)
@@ -222,7 +231,7 @@ class PretrainingCollator:
         }
         if with_nsp:
             batch["next_sentence_label"] = torch.from_numpy(nsp)
-        return self._with_documents(batch)
+        return batch
 
     def _padded_length(self, length: int) -> int:
         if self.pad_to_multiple_of:

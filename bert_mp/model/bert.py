@@ -375,12 +375,15 @@ class PretrainingModel(nn.Module):
         next_sentence_label: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
+        unpad_layout: Any = None,
     ) -> dict[str, torch.Tensor]:
+        """``unpad_layout``: the layout a collator computed with the batch (``model/unpad.py``
+        ``host_layout``); the unpadded path then computes none itself, the padded path ignores it."""
         if self.unpad:
             from bert_mp.model.unpad import run_unpadded
 
             seq, pooled, flat_labels = run_unpadded(
-                self, input_ids, token_type_ids, labels, attention_mask, segment_ids
+                self, input_ids, token_type_ids, labels, attention_mask, segment_ids, unpad_layout
             )
         else:
             attention_mask = sdpa_padding_mask(attention_mask, self.model.config._attn_implementation)

@@ -120,6 +120,67 @@ def unpad_index(
     return Unpadded(indices, lengths, cu, position_ids, block_index, key_mask, gather_index, block, fillers)
 
 
+def bucketed_layout(
+    attention_mask: torch.Tensor, segment_ids: torch.Tensor | None = None, bucket: Any = None
+) -> Unpadded:
+    """:func:`unpad_index` of a padded batch, with the stream and block sizes of ``bucket`` (see
+    :func:`unpad_stream`). The one place both the model and the collator's host layout get it from."""
+    stream_len = block_len = None
+    if bucket is not None:
+        rows, length = attention_mask.shape
+        stream_len = bucket(int(attention_mask.sum()), rows * length)
+        block_len = -(-length // 64) * 64
+    u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
+    if bucket is not None:  # and the number of sequences (packed pairs, blocked documents)
+        u = pad_sequences(u, sequence_bucket(u.num_sequences, attention_mask.shape[0]))
+    u.bucketed = bucket is not None
+    return u
+
+
+LAYOUT_KEYS = ("indices", "lengths", "cu_seqlens", "position_ids", "block_index", "key_mask", "gather_index")
+"""The :class:`Unpadded` tensors a :class:`HostLayout` carries."""
+
+
+@dataclass
+class HostLayout:
+    """An :class:`Unpadded` layout computed with the batch (:func:`host_layout`), carried in it as
+    ``unpad_layout``. One object rather than loose tensors: compiled code only hands it on to
+    :func:`unpad_stream`, so it never guards on (and recompiles for) its data-dependent shapes. Moved
+    (``to``) and pinned (``pin_memory``) like a tensor, so the batch's device copy takes it along."""
+
+    tensors: dict[str, torch.Tensor]
+    """The :data:`LAYOUT_KEYS` tensors of the layout."""
+
+    def to(self, *args: Any, **kwargs: Any) -> HostLayout:
+        return HostLayout({k: t.to(*args, **kwargs) for k, t in self.tensors.items()})
+
+    def pin_memory(self, *args: Any) -> HostLayout:
+        return HostLayout({k: t.pin_memory(*args) for k, t in self.tensors.items()})
+
+    def unpadded(self, bucketed: bool) -> Unpadded:
+        """The :class:`Unpadded` of these tensors, without device work: the block length and the filler
+        count are read from tensor shapes."""
+        t = self.tensors
+        u = Unpadded(**{n: t[n] for n in LAYOUT_KEYS}, block_len=t["key_mask"].shape[-1])
+        u.fillers = u.block_index.shape[0] - u.indices.shape[0]
+        u.bucketed = bucketed or u.fillers > 0
+        return u
+
+
+def host_layout(batch: dict[str, torch.Tensor], bucket: Any = None) -> dict[str, HostLayout]:
+    """``{"unpad_layout": HostLayout}`` for a collated host batch: its :class:`Unpadded` layout.
+
+    Computed in the DataLoader's collate step (overlapped with the device's work), so the model's
+    unpadded forward reads no sequence length back and launches no layout kernels. ``bucket``: as the
+    model's ``stream_bucket`` (compiled runs), so the stream has the model's bucketed sizes.
+    """
+    mask = batch.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(batch["input_ids"])
+    u = bucketed_layout(mask, batch.get("segment_ids"), bucket)
+    return {"unpad_layout": HostLayout({name: getattr(u, name) for name in LAYOUT_KEYS})}
+
+
 @torch.compiler.disable  # host-side bookkeeping: shapes depend on the data; compiled code sees its results
 def unpad_stream(
     input_ids: torch.Tensor,
@@ -129,25 +190,23 @@ def unpad_stream(
     segment_ids: torch.Tensor | None = None,
     bucket: Any = None,
     pad_token_id: int = 0,
+    layout: HostLayout | None = None,
 ) -> tuple[Unpadded, dict[str, torch.Tensor]]:
     """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
 
     ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
     then padded with filler tokens (label -100), the attention block rounded up to a multiple of 64 and
     the sequences padded with empty ones (``buckets.pad_sequences``), so that everything after this
-    function has one of a few shapes.
+    function has one of a few shapes. ``layout``: the batch's
+    precomputed layout (:func:`host_layout`), used as it is; without it the layout is computed here
+    (host syncs on CUDA: the sequence lengths and counts are read back).
     """
-    if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
-        attention_mask = torch.ones_like(input_ids)
-    stream_len = block_len = None
-    if bucket is not None:
-        rows, length = input_ids.shape
-        stream_len = bucket(int(attention_mask.sum()), rows * length)
-        block_len = -(-length // 64) * 64
-    u = unpad_index(attention_mask, segment_ids, block_len=block_len, stream_len=stream_len)
-    if bucket is not None:  # and the number of sequences (packed pairs, blocked documents)
-        u = pad_sequences(u, sequence_bucket(u.num_sequences, input_ids.shape[0]))
-    u.bucketed = bucket is not None
+    if layout is not None:
+        u = layout.unpadded(bucketed=bucket is not None)
+    else:
+        if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
+            attention_mask = torch.ones_like(input_ids)
+        u = bucketed_layout(attention_mask, segment_ids, bucket)
     fill = u.fillers
 
     def take(x: torch.Tensor, filler: int) -> torch.Tensor:
@@ -296,10 +355,12 @@ def run_unpadded(
     labels: torch.Tensor,
     attention_mask: torch.Tensor | None,
     segment_ids: torch.Tensor | None = None,
+    layout: HostLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``PretrainingModel``'s encoder call on the unpadded path: the stream's ``(S, hidden)`` states
     (real tokens first, then any fillers), the pooled ``[CLS]`` of every sequence and the ``(S,)``
-    labels (-100 on fillers), for the loss code that follows."""
+    labels (-100 on fillers), for the loss code that follows. ``layout``: the batch's precomputed
+    layout, if the collator added one (:func:`host_layout`)."""
     bert = wrapper.model.bert
     u, stream = unpad_stream(
         input_ids,
@@ -309,6 +370,7 @@ def run_unpadded(
         segment_ids,
         bucket=getattr(wrapper, "stream_bucket", None),
         pad_token_id=int(bert.config.pad_token_id or 0),
+        layout=layout,
     )
     hidden, pooled = encode_unpadded(bert, stream, u)
     return hidden, pooled, stream["labels"]
@@ -327,6 +389,14 @@ def prepare_for_compile(wrapper: nn.Module, data_cfg: Any) -> None:
         wrapper.max_predictions_per_seq = (
             data_cfg.max_seq_length if data_cfg.whole_word_masking else data_cfg.max_predictions()
         )
+
+
+def collate_layout(wrapper: nn.Module) -> Any:
+    """The collator's ``layout`` option for an unpadded ``PretrainingModel``: :func:`host_layout` with the
+    model's stream bucket (a picklable callable, for DataLoader workers)."""
+    from functools import partial
+
+    return partial(host_layout, bucket=getattr(wrapper, "stream_bucket", None))
 
 
 def compiled_graphs() -> int:

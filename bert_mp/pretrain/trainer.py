@@ -227,8 +227,13 @@ class Trainer(TrainingLoop):
         from bert_mp.data.masking import PretrainingCollator
 
         tc, acc, s = self.tc, self.accelerator, self.state
+        layout = None
+        if self.cfg.model.unpad:  # the unpadded layout computed with the batch, not on the device
+            from bert_mp.model.unpad import collate_layout
+
+            layout = collate_layout(acc.unwrap_model(self.model))
         self.collator = PretrainingCollator(
-            self.data.tokenizer, self.cfg.data, seed=tc.seed, pad_to_multiple_of=8
+            self.data.tokenizer, self.cfg.data, seed=tc.seed, pad_to_multiple_of=8, layout=layout
         )
         if tc.compile != "none":  # a few padded lengths only: a bounded number of compiled graphs
             from bert_mp.model.buckets import collate_length

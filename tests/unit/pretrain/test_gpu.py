@@ -204,6 +204,48 @@ def test_model_step_has_no_host_syncs(padded):
     assert _count_syncs(step) == 0
 
 
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.1], ids=["flash route", "block route"])
+def test_unpadded_model_step_with_the_collated_layout_has_no_host_syncs(attention_dropout):
+    """model.unpad with the layout computed on the host, as the trainer's collator adds it
+    (``host_layout``): forward, backward, clipping and a fused AdamW step make no host sync, with torch's
+    varlen flash kernel (bf16, no attention dropout) and over attention blocks (dropout on)."""
+    from transformers import BertForPreTraining
+
+    from bert_mp.core.config import ModelConfig
+    from bert_mp.model.bert import PretrainingModel, bert_config
+    from bert_mp.model.unpad import host_layout
+    from bert_mp.sweep.diagnostics import synthetic_batch
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        preset="tiny",
+        hidden_size=64,
+        num_attention_heads=2,
+        intermediate_size=128,
+        attention_probs_dropout_prob=attention_dropout,
+    )
+    inner = BertForPreTraining(bert_config(cfg, 256))
+    model = PretrainingModel(inner, max_predictions_per_seq=20, unpad=True).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    host = synthetic_batch(256, 8, 32, torch.device("cpu"), padded=True)
+    host = {**host, **host_layout(host)}
+    batch = {k: v.pin_memory().to("cuda", non_blocking=True) for k, v in host.items()}
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**batch)
+            loss = (
+                out["mlm_loss_sum"] / out["mlm_count"].clamp(min=1) + out["nsp_loss_sum"] / out["nsp_count"]
+            )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up: lazy initialisation may sync once
+    assert _count_syncs(step) == 0
+
+
 def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
     """The loop's syncs per step (between the start of step 1 and the end of the last step; the final
     evaluation and checkpoint copy tensors to the host by design), per ``train.metrics_sync`` mode,

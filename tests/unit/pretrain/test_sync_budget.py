@@ -19,15 +19,20 @@ def data(tmp_path_factory):
     return make_prepared(tmp_path_factory.mktemp("prepared"), n_train=64, n_val=16, max_len=32)
 
 
-def _train(tmp_path, data, monkeypatch, mode: str, **kw) -> HostSyncRecorder:
+def _train(tmp_path, data, monkeypatch, mode: str, unpad: bool = False, **kw) -> HostSyncRecorder:
     """A real train() of a tiny model with the recorder on and the loop's parts named as phases."""
     import bert_mp.core.training_loop as loop
     import bert_mp.pretrain.trainer as tr
+    from bert_mp.data.masking import PretrainingCollator
 
     rec = HostSyncRecorder()
     monkeypatch.setattr(tr, "forward_backward", rec.wrap(tr.forward_backward, "model step"))
     # the optimizer step is the shared loop skeleton's
     monkeypatch.setattr(loop, "optimizer_step", rec.wrap(loop.optimizer_step, "optimizer step"))
+    # The collator is host work (in DataLoader workers on an accelerator; with no workers, inside the
+    # loop). Its factories may name the host device, torch.device("cpu"), which the double cannot tell
+    # from a CPU run's accelerator: its events get a phase of their own.
+    monkeypatch.setattr(PretrainingCollator, "__call__", rec.wrap(PretrainingCollator.__call__, "collate"))
     for name, phase in (
         ("train_step", "loop"),
         ("flush", "log point"),
@@ -39,6 +44,7 @@ def _train(tmp_path, data, monkeypatch, mode: str, **kw) -> HostSyncRecorder:
     train_kw.update(kw)
     cfg = tiny_config(tmp_path / mode, **train_kw)
     cfg.train.metrics_sync = mode
+    cfg.model.unpad = unpad
     with rec:
         summary = tr.train(cfg, data)
     assert summary["status"] == "completed" and summary["steps"] == train_kw["max_steps"]
@@ -85,6 +91,27 @@ def test_recorder_catches_a_reintroduced_sync(data, tmp_path, monkeypatch):
     rec = _train(tmp_path, data, monkeypatch, "log", max_steps=2, eval_every=0, save_every=0)
     assert rec.count("read", "model step") >= 2, rec.report()  # the mask check, each forward
     assert rec.count("copy", "model step") >= 2 * 3, rec.report()  # tokens, padded, attention figures
+
+
+def test_unpadded_model_step_reads_nothing_with_the_collated_layout(data, tmp_path, monkeypatch):
+    """model.unpad: the collator brings the unpadded layout with each batch (``unpad_*`` tensors, moved
+    to the device with the rest), so the unpadded forward reads no sequence length or count back."""
+    rec = _train(tmp_path, data, monkeypatch, "log", unpad=True)
+    log = rec.report()
+    assert rec.calls["model step"] == 6 and rec.calls["collate"] >= 6, rec.calls
+    for phase in ("model step", "optimizer step", "loop"):
+        assert rec.count(phase=phase) == 0, f"host syncs in the {phase}:\n{log}"
+
+
+def test_recorder_catches_the_device_computed_unpadded_layout(data, tmp_path, monkeypatch):
+    """Without the collator's layout the model computes it and reads the lengths back, every forward."""
+    import bert_mp.model.unpad as unpad
+
+    monkeypatch.setattr(unpad, "collate_layout", lambda wrapper: None)
+    rec = _train(tmp_path, data, monkeypatch, "log", unpad=True, max_steps=2, eval_every=0, save_every=0)
+    # the longest sequence, read twice each forward (nonzero and unique_consecutive, whose output sizes
+    # depend on the data, wait for the device too on CUDA; the double does not see those)
+    assert rec.count("read", "model step") >= 2 * 2, rec.report()
 
 
 def test_recorder_basics():
