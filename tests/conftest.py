@@ -88,6 +88,15 @@ def fresh_accelerate_state():
     reset_accelerate()
 
 
+@pytest.fixture(autouse=True)
+def no_held_session_left():
+    """Commands a test started in their own session (support.own_session) end with the test."""
+    yield
+    from support import end_own_sessions
+
+    end_own_sessions()
+
+
 # --------------------------------------------------------------------------------------------------
 # data and checkpoints more than one test file uses (module scope: built once per file). The
 # helpers are in support.py, imported here lazily: bert_mp must not be imported before
