@@ -16,7 +16,7 @@ def test_cli_config_and_help_pointer():
     assert "bert-mp config" in helptext
 
 
-def test_help_config_and_a_config_mistake_load_neither_torch_nor_datasets():
+def test_help_config_report_and_a_config_mistake_load_no_model_library():
     """What needs no model answers without the ~5 CPU seconds of torch / transformers / datasets imports."""
     code = (
         "import contextlib, io, sys\n"
@@ -27,6 +27,7 @@ def test_help_config_and_a_config_mistake_load_neither_torch_nor_datasets():
         "        main(['predict', '--help'])\n"
         "    except SystemExit as e:\n"
         "        codes.append(e.code)\n"
+        "import bert_mp.sweep.report  # bert-mp report reads JSON and draws: no model\n"
         "heavy = sorted({'torch', 'transformers', 'datasets', 'accelerate'} & set(sys.modules))\n"
         "print(codes, heavy)\n"
     )
