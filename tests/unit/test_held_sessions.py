@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 from support import _group_alive, end_own_sessions, own_session
@@ -15,6 +17,14 @@ HELD_WITH_A_WORKER = (
     "print(worker.pid, flush=True)\n"
     "signal.pause()\n"
 )
+
+
+def _ended(p: psutil.Process) -> bool:
+    """Gone, or a zombie its new parent has not reaped yet (dead either way)."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_a_held_command_and_its_worker_are_killed_at_teardown():
@@ -30,8 +40,11 @@ def test_a_held_command_and_its_worker_are_killed_at_teardown():
     assert _group_alive(proc.pid)
     end_own_sessions()
     assert proc.returncode == -signal.SIGKILL
-    psutil.wait_procs([worker], timeout=30)  # reparented, so not ours to wait on: psutil polls it
-    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    deadline = time.monotonic() + 30
+    while not _ended(worker):  # reparented, so not ours to reap: psutil polls it
+        assert time.monotonic() < deadline, "the worker outlived its group's teardown"
+        with contextlib.suppress(psutil.TimeoutExpired):
+            worker.wait(timeout=0.05)
     assert not _group_alive(proc.pid)
 
 
