@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "report":
             sp.add_argument("path", help="sweep output folder")
         elif name == "predict":
-            from bert_mp.finetune.predict import add_arguments
+            from bert_mp.finetune.predict_args import add_arguments
 
             add_arguments(sp)
         elif name == "export":

@@ -10,6 +10,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the loaded-machine warning adds a line to a command's output only when the machine is busy: off
 # for the suite (tests/unit/core/test_conditions.py turns it on where it tests it)
 os.environ.setdefault("BERT_MP_LOAD_WARNING", "0")
+# Idle OpenMP threads sleep instead of spinning (read when torch loads libgomp, so set before any
+# import of torch; the CLI processes the tests start inherit it). The thread count, the split of the
+# work and so every number stay the same; a spinning thread on a busy machine only takes a core from
+# the thread that has work: tiny matmuls ran ~10-100x slower in wall time on a loaded 2-core machine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # A suite started as a background job of a shell without job control (or under some CI runners)
 # inherits SIGINT and SIGQUIT as *ignored*, and an ignored signal stays ignored in every process the
@@ -81,6 +86,15 @@ def fresh_accelerate_state():
     reset_accelerate()
     yield
     reset_accelerate()
+
+
+@pytest.fixture(autouse=True)
+def no_held_session_left():
+    """Commands a test started in their own session (support.own_session) end with the test."""
+    yield
+    from support import end_own_sessions
+
+    end_own_sessions()
 
 
 # --------------------------------------------------------------------------------------------------

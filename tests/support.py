@@ -11,11 +11,13 @@ its neighbours, so a tiny model's loss visibly falls within a few dozen steps.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -594,6 +596,42 @@ def hold_env(point: str, ready: Path) -> dict[str, str]:
 
     Path(ready).unlink(missing_ok=True)
     return {HOLD_ENV: point, READY_ENV: str(ready)}
+
+
+_OWN_SESSIONS: list[subprocess.Popen] = []
+
+
+def own_session(proc: subprocess.Popen) -> subprocess.Popen:
+    """``proc``, started with ``start_new_session=True``: its process group is killed when the test
+    ends (:func:`end_own_sessions`, an autouse fixture's teardown), however the test ends. A failed,
+    timed-out or interrupted test then leaves no command waiting at its hold point, nor the workers
+    it forked: a Ctrl-C to pytest never reaches another session."""
+    _OWN_SESSIONS.append(proc)
+    return proc
+
+
+def _group_alive(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            fields = text[text.rindex(")") + 2 :].split()  # after comm: state ppid pgrp ...
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def end_own_sessions() -> None:
+    """SIGKILL what is left of each registered process group, and reap its leader. A group that
+    ended already is left alone (its id is only killed while a process still holds it)."""
+    while _OWN_SESSIONS:
+        proc = _OWN_SESSIONS.pop()
+        running = proc.poll() is None
+        if running or _group_alive(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=60)
 
 
 def wait_held(proc: subprocess.Popen, ready: Path, timeout: float = 300.0) -> None:

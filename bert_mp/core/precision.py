@@ -30,13 +30,8 @@ from typing import Any
 
 import torch
 
+from bert_mp.core.precision_names import AMP_PRECISIONS, BF16_UPDATES, FP8_RECIPES, PRECISIONS  # noqa: F401
 from bert_mp.errors import HardwareError
-
-AMP_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-"""The modes with fp32 weights and autocast (the default sweep)."""
-PRECISIONS = (*AMP_PRECISIONS, "bf16_pure", "fp8")
-BF16_UPDATES = ("kahan", "stochastic", "none")
-FP8_RECIPES = ("tensorwise", "rowwise")
 
 _AUTOCAST_DTYPE = {
     "fp32": None,

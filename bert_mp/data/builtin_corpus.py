@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,10 +44,24 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def _excluded(part: str) -> bool:
+    return part in _EXCLUDED_PARTS or part.startswith("test_")
+
+
+def _python_files(root: Path) -> list[Path]:
+    """``sorted(root.rglob("*.py"))`` without descending into excluded folders: the global
+    site-packages below the stdlib holds most of an installation's files, none of them wanted."""
+    found = []
+    for folder, dirnames, filenames in os.walk(root):
+        found += [Path(folder, n) for n in (*filenames, *dirnames) if n.endswith(".py")]
+        dirnames[:] = [d for d in dirnames if not _excluded(d)]  # in place: os.walk skips the rest
+    return sorted(found)
+
+
 def _module_files(root: Path) -> Iterator[tuple[str, Path]]:
-    for path in sorted(root.rglob("*.py")):
+    for path in _python_files(root):
         rel = path.relative_to(root)
-        if any(part in _EXCLUDED_PARTS or part.startswith("test_") for part in rel.parts):
+        if any(_excluded(part) for part in rel.parts):
             continue
         if rel.name.startswith(("test_", "_test")):
             continue

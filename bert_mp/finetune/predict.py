@@ -21,6 +21,7 @@ from bert_mp.core.export import verify_export
 from bert_mp.core.hub import resolve_hub_model
 from bert_mp.core.io import atomic_write_json, looks_like_local_path
 from bert_mp.errors import ConfigError, DataError
+from bert_mp.finetune.predict_args import add_arguments  # noqa: F401 (the command's arguments)
 from bert_mp.finetune.tasks import LabelSpace, TaskRecord, encode_labels, normalize_label, row_problem
 
 _MIN_LENGTH = 8
@@ -221,28 +222,6 @@ def write_predictions(
                 line["gold"] = normalize_label(gold[row])
             f.write(json.dumps(line) + "\n")
     atomic_write_json(out / "metrics.json", result)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The command's arguments (the CLI's subparser gets them from here)."""
-    p.add_argument(
-        "model", help="a fine-tuned folder (bert-mp finetune's final/, or its run folder) or Hub name"
-    )
-    p.add_argument("file", help="CSV / TSV / JSON Lines / Parquet file")
-    p.add_argument("--out", default=None, help="output folder (default: <file>.predictions/)")
-    own = " (default: the one the model was fine-tuned with, else %s)"
-    p.add_argument("--text-column", default=None, help="text column" + own % "text")
-    p.add_argument("--text-pair-column", default=None, help="second text of a pair task" + own % "none")
-    p.add_argument(
-        "--label-column", default=None, help="gold labels: metrics are computed" + own % "label, if present"
-    )
-    p.add_argument(
-        "--max-seq-length",
-        type=int,
-        default=None,
-        help="tokens per input, longer ones cut (default: the fine-tuning length, else the tokenizer's limit)",
-    )
-    p.add_argument("--batch-size", type=int, default=64)
 
 
 def command(a: argparse.Namespace) -> int:

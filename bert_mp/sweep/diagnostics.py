@@ -15,9 +15,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 # re-exported: the kernel check's public names have always been importable from here
 from bert_mp.sweep.cuda_kernels import (  # noqa: F401
@@ -28,6 +26,9 @@ from bert_mp.sweep.cuda_kernels import (  # noqa: F401
     strict_fp32_flags,
     summarize_cuda_kernels,
 )
+
+if TYPE_CHECKING:  # the probes import torch when they run: `bert-mp report` needs none of it
+    import torch
 
 # --------------------------------------------------------------------------------------------------
 # speed ladder and fp16 health (from the run folders)
@@ -143,6 +144,7 @@ def _unique_storage_bytes(tensors: Sequence[torch.Tensor], exclude: set[int]) ->
 @contextlib.contextmanager
 def _saved_tensors(into: list[torch.Tensor]) -> Iterator[None]:
     """Collect every tensor autograd saves for the backward pass (the activation memory)."""
+    import torch
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         into.append(t)
@@ -323,6 +325,8 @@ def synthetic_batch(
     attention kernels profiled are the ones a padded training batch gets; ``padded=False`` gives
     full-length rows only.
     """
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, vocab_size, (batch, seq), generator=g)
     lengths = torch.full((batch,), seq)
@@ -353,6 +357,8 @@ def synthetic_batch(
 
 
 def _probe_optimizer(model: torch.nn.Module, loop_cfg: Any, device: torch.device) -> Any:
+    import torch
+
     if loop_cfg is None:
         return torch.optim.AdamW(model.parameters(), lr=1e-4)
     import dataclasses
@@ -364,6 +370,8 @@ def _probe_optimizer(model: torch.nn.Module, loop_cfg: Any, device: torch.device
 
 def _parameter_state_bytes(params: list[torch.Tensor], opt: Any) -> tuple[int, int, int, int]:
     """Parameters, and the bytes of weights, gradients and optimizer state."""
+    import torch
+
     weights = sum(p.numel() * p.element_size() for p in params)
     grads = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
     optim = sum(
@@ -377,6 +385,7 @@ def _parameter_state_bytes(params: list[torch.Tensor], opt: Any) -> tuple[int, i
 
 def _profile(step: Any, device: torch.device, steps: int) -> tuple[Any, list[str]]:
     """Run ``steps`` steps under the profiler (and oneDNN's verbose log on CPU)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -394,6 +403,8 @@ def _profile(step: Any, device: torch.device, steps: int) -> tuple[Any, list[str
 
 def _probe_scaler(plan: Any, device: torch.device) -> Any:
     """The loss scaler the probe's step uses: the plan's on CPU, CUDA's own GradScaler on CUDA."""
+    import torch
+
     if not plan.use_scaler:
         return None
     return torch.amp.GradScaler("cuda") if device.type == "cuda" else plan.make_scaler()
@@ -435,6 +446,8 @@ def probe_precision(
     (``loop_cfg``: a ``train`` section), else AdamW. The model is put in the plan's storage first
     (bf16 weights for bf16_pure, float8 Linears for fp8).
     """
+    import torch
+
     from bert_mp.core.precision import backend_flags
 
     device = next(model.parameters()).device

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import hold_env, make_tokenizer, run_cli, wait_held
+from support import hold_env, make_tokenizer, own_session, run_cli, wait_held
 
 from bert_mp.core.config import load_config
 from bert_mp.pretrain.trainer import train
@@ -126,7 +126,7 @@ def start(args: list[str], cwd: Path, **env: str | None) -> subprocess.Popen:
             full.pop(k, None)
         else:
             full[k] = v
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "bert_mp", *args],
         cwd=cwd,
         env=full,
@@ -135,6 +135,7 @@ def start(args: list[str], cwd: Path, **env: str | None) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+    return own_session(proc)  # killed with its group when the test ends, however it ends
 
 
 def session_processes(sid: int) -> list[str]:

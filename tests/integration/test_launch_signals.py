@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import hold_env, make_tokenizer, wait_held
+from support import hold_env, make_tokenizer, own_session, wait_held
 
 from bert_mp.core.config import load_config
 from bert_mp.data.prepare import prepare
@@ -93,14 +93,16 @@ def test_launch_two_processes_stops_on_a_signal_with_its_exit_code_and_one_line(
     ready = project / f"held_{sig.name}"
     args = ["launch", "--num_processes", "2", "--main_process_port", _port(), "train", *TRAIN]
     args += [f"train.output_dir={out}", "train.max_steps=100000"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bert_mp", *args],
-        cwd=project,
-        env=_env(**hold_env("step:2", ready)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    proc = own_session(  # killed with its group when the test ends, however it ends
+        subprocess.Popen(
+            [sys.executable, "-m", "bert_mp", *args],
+            cwd=project,
+            env=_env(**hold_env("step:2", ready)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     )
     wait_held(proc, ready)
     if to_group:
