@@ -159,6 +159,24 @@ def _count_syncs(fn) -> int:
     return _sync_warnings(caught)
 
 
+def _assert_no_syncs_in_bf16_steps(model, opt, batch) -> None:
+    """A bf16 forward, backward, clipping and fused AdamW step syncs nowhere (after one warm-up step)."""
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**batch)
+            loss = (
+                out["mlm_loss_sum"] / out["mlm_count"].clamp(min=1) + out["nsp_loss_sum"] / out["nsp_count"]
+            )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # warm-up: lazy initialisation may sync once
+    assert _count_syncs(step) == 0
+
+
 def test_sync_count_ignores_the_prototype_notice():
     class W:
         def __init__(self, text):
@@ -189,19 +207,7 @@ def test_model_step_has_no_host_syncs(padded):
     assert ("attention_mask" in batch) is padded
     batch = {k: v.cuda() for k, v in batch.items()}
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(**batch)
-            loss = (
-                out["mlm_loss_sum"] / out["mlm_count"].clamp(min=1) + out["nsp_loss_sum"] / out["nsp_count"]
-            )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()  # warm-up: lazy initialisation may sync once
-    assert _count_syncs(step) == 0
+    _assert_no_syncs_in_bf16_steps(model, opt, batch)
 
 
 @pytest.mark.parametrize("attention_dropout", [0.0, 0.1], ids=["flash route", "block route"])
@@ -231,19 +237,7 @@ def test_unpadded_model_step_with_the_collated_layout_has_no_host_syncs(attentio
     host = {**host, **host_layout(host)}
     batch = {k: v.pin_memory().to("cuda", non_blocking=True) for k, v in host.items()}
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(**batch)
-            loss = (
-                out["mlm_loss_sum"] / out["mlm_count"].clamp(min=1) + out["nsp_loss_sum"] / out["nsp_count"]
-            )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()  # warm-up: lazy initialisation may sync once
-    assert _count_syncs(step) == 0
+    _assert_no_syncs_in_bf16_steps(model, opt, batch)
 
 
 def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
