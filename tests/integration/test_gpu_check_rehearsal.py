@@ -48,9 +48,13 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
         assert {"summary.json", "summary.md", "gpu_check.log", *(f"{p}.json" for p in phases)} <= set(files)
     s1 = json.loads((out / "command_1" / "summary.json").read_text())
     assert s1["dry_run"] and [r["run"] for r in s1["ladder"]][:2] == ["baseline_hf_fp32", "baseline_hf_bf16"]
-    assert s1["tests"]["failed"] == 0 and s1["tests"]["passed"] == 2
+    paths = {r["run"] for r in s1["paths"] if r["tokens_per_sec"]}
+    assert {"baseline_hf_fp32", "padded", "unpad", "unpad+compile"} <= paths, s1["paths"]
     s2 = json.loads((out / "command_2" / "summary.json").read_text())
-    assert s2["kernel_check"]["fp32"]["verdict"] and s2["ladder_compiled"]
+    assert s2["tests"]["failed"] == 0 and s2["tests"]["passed"] == 2
+    assert s2["kernel_check"]["fp32"]["verdict"]
     s3 = json.loads((out / "command_3" / "summary.json").read_text())
-    runs = s3["sweep_runs"]
+    assert s3["ladder_compiled"]
+    s4 = json.loads((out / "command_4" / "summary.json").read_text())
+    runs = s4["sweep_runs"]
     assert runs and all(r["status"] == "completed" and r["eval_mlm_loss"] > 0 for r in runs.values())
