@@ -17,13 +17,7 @@ until it hits its recompile limit and then runs the rest of the run uncompiled. 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
-
-import torch
-
-if TYPE_CHECKING:
-    from bert_mp.model.unpad import Unpadded
+from typing import Any
 
 
 def length_bucket(length: int, max_length: int, buckets: int = 4, multiple: int = 8) -> int:
@@ -49,28 +43,6 @@ def collate_length(max_seq_length: int, unpad: bool) -> Callable[[int], int]:
     if unpad:
         return lambda length: max(length, max_seq_length)
     return lambda length: length_bucket(length, max_seq_length)
-
-
-def pad_sequences(u: Unpadded, n: int) -> Unpadded:
-    """``u`` with empty filler sequences appended up to ``n`` sequences.
-
-    A filler sequence has length 0 and one key, its block slot 0 (a zero vector: its attention is
-    finite and reaches nothing); its pooled ``[CLS]`` is read at a valid stream position and
-    carries no label. The stream's filler tokens move past the grown block so no two tokens share
-    a slot.
-    """
-    extra = n - u.num_sequences
-    if extra <= 0:
-        return u
-    device = u.lengths.device
-    total = int(u.cu_seqlens[-1])
-    lengths = torch.cat([u.lengths, u.lengths.new_zeros(extra)])
-    cu = torch.cat([u.cu_seqlens, u.cu_seqlens.new_full((extra,), total)])
-    self_slot = torch.arange(u.block_len, device=device) == 0
-    key_mask = torch.cat([u.key_mask, self_slot.view(1, 1, 1, -1).expand(extra, 1, 1, -1)])
-    block_index = u.block_index.clone()
-    block_index[total:] = n * u.block_len + torch.arange(u.fillers, device=device)
-    return replace(u, lengths=lengths, cu_seqlens=cu, key_mask=key_mask, block_index=block_index)
 
 
 def shape_buckets(max_seq_length: int, unpad: bool, segments: bool) -> int:

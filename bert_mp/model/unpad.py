@@ -26,13 +26,13 @@ bounded number of shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from bert_mp.model.buckets import allow_recompiles, pad_sequences, sequence_bucket
+from bert_mp.model.buckets import allow_recompiles, sequence_bucket
 
 PREFIX = "bert_mp_unpad_"
 
@@ -69,8 +69,30 @@ class Unpadded:
     @property
     def cls_index(self) -> torch.Tensor:
         """Stream position of each sequence's first token (its ``[CLS]``; a filler sequence's
-        (:func:`~bert_mp.model.buckets.pad_sequences`) stays inside the stream)."""
+        (:func:`pad_sequences`) stays inside the stream)."""
         return self.cu_seqlens[:-1].clamp(max=max(int(self.block_index.numel()) - 1, 0))
+
+
+def pad_sequences(u: Unpadded, n: int) -> Unpadded:
+    """``u`` with empty filler sequences appended up to ``n`` sequences.
+
+    A filler sequence has length 0 and one key, its block slot 0 (a zero vector: its attention is
+    finite and reaches nothing); its pooled ``[CLS]`` is read at a valid stream position and
+    carries no label. The stream's filler tokens move past the grown block so no two tokens share
+    a slot.
+    """
+    extra = n - u.num_sequences
+    if extra <= 0:
+        return u
+    device = u.lengths.device
+    total = int(u.cu_seqlens[-1])
+    lengths = torch.cat([u.lengths, u.lengths.new_zeros(extra)])
+    cu = torch.cat([u.cu_seqlens, u.cu_seqlens.new_full((extra,), total)])
+    self_slot = torch.arange(u.block_len, device=device) == 0
+    key_mask = torch.cat([u.key_mask, self_slot.view(1, 1, 1, -1).expand(extra, 1, 1, -1)])
+    block_index = u.block_index.clone()
+    block_index[total:] = n * u.block_len + torch.arange(u.fillers, device=device)
+    return replace(u, lengths=lengths, cu_seqlens=cu, key_mask=key_mask, block_index=block_index)
 
 
 def token_bucket(total: int, capacity: int, buckets: int = 8, multiple: int = 64) -> int:
@@ -196,7 +218,7 @@ def unpad_stream(
 
     ``bucket``: ``(real tokens, capacity) -> stream length`` (e.g. :func:`token_bucket`); the stream is
     then padded with filler tokens (label -100), the attention block rounded up to a multiple of 64 and
-    the sequences padded with empty ones (``buckets.pad_sequences``), so that everything after this
+    the sequences padded with empty ones (:func:`pad_sequences`), so that everything after this
     function has one of a few shapes. ``layout``: the batch's
     precomputed layout (:func:`host_layout`), used as it is; without it the layout is computed here
     (host syncs on CUDA: the sequence lengths and counts are read back).

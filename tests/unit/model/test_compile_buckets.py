@@ -20,11 +20,10 @@ from bert_mp.model.buckets import (
     allow_recompiles,
     collate_length,
     length_bucket,
-    pad_sequences,
     sequence_bucket,
     shape_buckets,
 )
-from bert_mp.model.unpad import compiled_graphs, prepare_for_compile, unpad_index
+from bert_mp.model.unpad import compiled_graphs, pad_sequences, prepare_for_compile, unpad_index
 
 MAX_LEN = 64
 
