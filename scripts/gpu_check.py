@@ -539,8 +539,6 @@ _VERBOSE_RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)\b", re.
 
 def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, Any]:
     """bench_train.py for one ladder; its JSON gains each row the moment the row is measured."""
-    out = STATE / f"bench_{name}.json"
-    out.unlink(missing_ok=True)
     if args.dry_run:
         size = ["--preset", "tiny", "--vocab", "300", "--seq", "32", "--micro-batch", "8"]
         size += ["--steps", "2", "--warmup", "1"]
@@ -561,19 +559,31 @@ def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, 
     if args.dry_run and compile_mode != "none":
         precisions = "tf32"  # the rehearsal checks the plumbing, one row is enough
     baselines = "fp32,bf16" if compile_mode == "none" else "fp32"
-    cmd = [sys.executable, "scripts/bench_train.py", *size, "--repeat", "1", "--precisions", precisions]
-    cmd += ["--baseline-precisions", baselines, "--compile", compile_mode, "--out", str(out)]
+    bench_args = [*size, "--repeat", "1", "--precisions", precisions]
+    bench_args += ["--baseline-precisions", baselines, "--compile", compile_mode]
+    # a CPU rehearsal checks the plumbing; inductor on 2 cores would take minutes
+    return _run_bench(args, name, bench_args, no_compile=args.dry_run and compile_mode != "none")
+
+
+def _run_bench(
+    args: argparse.Namespace, name: str, bench_args: list[str], no_compile: bool
+) -> dict[str, Any]:
+    """``scripts/bench_train.py BENCH_ARGS`` into ``bench_NAME.json``, published while it runs (a cut
+    keeps every row finished before it); ``no_compile``: ``TORCH_COMPILE_DISABLE=1`` (CPU rehearsal)."""
+    out = STATE / f"bench_{name}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "scripts/bench_train.py", *bench_args, "--out", str(out)]
     env = _env()
-    if args.dry_run and compile_mode != "none":
-        # a CPU rehearsal checks the plumbing; inductor on 2 cores would take minutes
+    if no_compile:
         env["TORCH_COMPILE_DISABLE"] = "1"
-
-    def tick() -> None:
-        args.progress({"bench": _read_json(out)})
-
-    rc, tail = _run(cmd, args.budget, STATE / f"bench_{name}.log", tick=tick, env=env)
-    bench = _read_json(out)  # partial when cut: every row finished before the cut
-    return {"status": _status(rc), "rc": rc, "bench": bench, "tail": tail if rc else tail[-800:]}
+    rc, tail = _run(
+        cmd,
+        args.budget,
+        STATE / f"bench_{name}.log",
+        tick=lambda: args.progress({"bench": _read_json(out)}),
+        env=env,
+    )
+    return {"status": _status(rc), "rc": rc, "bench": _read_json(out), "tail": tail if rc else tail[-800:]}
 
 
 def phase_ladder(args: argparse.Namespace) -> dict[str, Any]:
@@ -591,26 +601,14 @@ PATHS_RUN = "padded,unpad,unpad+compile"
 
 def phase_paths(args: argparse.Namespace) -> dict[str, Any]:
     """bench_train.py --paths: the encoder paths of model.unpad side by side, each row written when measured."""
-    out = STATE / "bench_paths.json"
-    out.unlink(missing_ok=True)
-    env = _env()
     if args.dry_run:
         size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "8", "--steps", "2", "--warmup", "1"]
         size += ["--precisions", "fp32", "--corpus", "builtin"]
-        env["TORCH_COMPILE_DISABLE"] = "1"
     else:
         size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
         size += ["--steps", "20", "--warmup", "5", "--precisions", "bf16", "--corpus", "builtin,short"]
-    cmd = [sys.executable, "scripts/bench_train.py", "--paths", PATHS_RUN, *size, "--repeat", "1"]
-    cmd += ["--attention-dropout", "0", "--out", str(out)]
-    rc, tail = _run(
-        cmd,
-        args.budget,
-        STATE / "bench_paths.log",
-        tick=lambda: args.progress({"bench": _read_json(out)}),
-        env=env,
-    )
-    return {"status": _status(rc), "rc": rc, "bench": _read_json(out), "tail": tail if rc else tail[-800:]}
+    bench_args = ["--paths", PATHS_RUN, *size, "--repeat", "1", "--attention-dropout", "0"]
+    return _run_bench(args, "paths", bench_args, no_compile=args.dry_run)
 
 
 def paths_rows(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
