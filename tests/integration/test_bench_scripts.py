@@ -135,3 +135,22 @@ def test_bench_train_paths_runs(tmp_path):
     assert all(
         inter[f"{k}_bf16"]["ratio_vs_fp32_cpu"] > 0 for k in ("baseline", "padded", "unpad", "unpad+pack")
     )
+
+
+def test_profile_step_records_only_the_timed_steps(tmp_path):
+    """scripts/profile_step.py: the profiler window holds the ``--steps`` optimizer steps after the
+    warm-up ones (not the warm-up, the evaluation or the final checkpoint)."""
+    out = tmp_path / "profile.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "profile_step.py"),
+            *("--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "2", "--warmup", "1"),
+            *("--precision", "fp32", "--paths", "padded,unpad", "--out", str(out)),
+        ],
+        tmp_path,
+    )
+    report = json.loads(out.read_text())
+    assert set(report["paths"]) == {"padded", "unpad"}
+    for row in report["paths"].values():
+        assert row["profiled_optimizer_steps"] == 2 and row["profiled_events"] > 0
+        assert row["bench"]["tokens_per_sec"] > 0

@@ -1,0 +1,161 @@
+"""Where a bert_mp training step spends its device time: kernels grouped by kind, per path.
+
+    python scripts/profile_step.py --out runs/profile_step.json [--preset base --micro-batch 256]
+        [--paths padded,unpad,unpad+compile] [--steps 6]
+
+Runs ``bert_mp.pretrain.trainer.train`` (the same call as ``scripts/bench_train.py``, synthetic rows
+of ``--seq``) under ``torch.profiler`` and sums each kernel's device time into a group (GEMM,
+attention, normalization, softmax / dropout / GELU / other elementwise, optimizer, copies, reductions,
+compiled (triton) fusions). The profiler records only the ``--steps`` optimizer steps after the
+``--warmup`` ones (a schedule stepped from the shared loop's optimizer step): compilation, autotuning
+and the final checkpoint's copies stay outside the window. User annotations are not kernels and are
+not counted. The JSON is written after each path, as it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+GROUPS = (
+    ("attention", r"fmha|flash|sdpa|attention|cutlassF|cutlassB"),
+    ("gemm", r"gemm|nvjet|xmma|sm\d+_.*tensorop|cublas|matmul|addmm|mm_"),
+    ("optimizer", r"multi_tensor|foreach|adam|fused_.*optim"),
+    ("triton fusion", r"^triton_|triton"),
+    ("layernorm", r"layer_norm|layernorm|LayerNorm"),
+    ("softmax / log-softmax", r"softmax"),
+    ("dropout / rng", r"dropout|philox|fused_dropout|bernoulli|rand"),
+    ("gelu", r"gelu"),
+    ("copy / cast", r"copy|cast|to_copy|memcpy|Memcpy|convert"),
+    ("reduction", r"reduce|sum|norm"),
+    ("gather / scatter / index", r"index|gather|scatter|embedding"),
+    ("elementwise", r"elementwise|vectorized|unrolled|Elementwise"),
+)
+
+
+def group(name: str) -> str:
+    for label, pattern in GROUPS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def profile_path(data, args, path: str, out: Path) -> dict:
+    from bench_train import bench_bert_mp
+
+    unpad = path.startswith("unpad")
+    compile_mode = "model" if path.endswith("+compile") else "none"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    import bert_mp.core.training_loop as loop
+
+    events: list = []
+    schedule = torch.profiler.schedule(wait=args.warmup, warmup=0, active=args.steps, repeat=1)
+    prof = torch.profiler.profile(
+        activities=activities, schedule=schedule, on_trace_ready=lambda p: events.extend(p.events())
+    )
+    step = loop.optimizer_step
+
+    def stepped(*a, **kw):
+        result = step(*a, **kw)
+        prof.step()  # the window: the optimizer steps after the warm-up ones
+        return result
+
+    loop.optimizer_step = stepped
+    t0 = time.perf_counter()
+    try:
+        with prof:
+            res = bench_bert_mp(
+                data, args, args.precision, out / path, unpad=unpad, compile_mode=compile_mode
+            )
+    finally:
+        loop.optimizer_step = step
+    wall = time.perf_counter() - t0
+    kernels: dict[str, float] = {}
+    for evt in events:
+        if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.is_user_annotation:
+            kernels[evt.name] = kernels.get(evt.name, 0.0) + evt.device_time
+    total = sum(kernels.values())
+    groups: dict[str, float] = {}
+    for name, us in kernels.items():
+        groups[group(name)] = groups.get(group(name), 0.0) + us
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    return {
+        "bench": {k: v for k, v in res.items() if k != "precision_in_effect"},
+        "profiled_wall_s": wall,
+        "profiled_steps": args.steps,
+        "profiled_events": len(events),
+        "profiled_optimizer_steps": sum(1 for e in events if e.name.startswith("Optimizer.step#")),
+        "device_us_total": total,
+        "device_ms_per_step": total / 1000 / max(args.steps, 1),
+        "groups": {
+            k: {"device_us": v, "share": v / total if total else None}
+            for k, v in sorted(groups.items(), key=lambda kv: -kv[1])
+        },
+        "top_kernels": [{"kernel": k[:160], "group": group(k), "device_us": v} for k, v in top],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="mini")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--micro-batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--paths", default="padded,unpad,unpad+compile")
+    p.add_argument("--out", default="runs/profile_step.json")
+    p.add_argument("--allow-emulated", action="store_true")
+    args = p.parse_args()
+    from bench_train import synthetic_prepared
+
+    ns = SimpleNamespace(
+        preset=args.preset,
+        seq=args.seq,
+        micro_batch=args.micro_batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        dropout_impl="auto",
+        attn_implementation="sdpa",
+        compile="none",
+        allow_emulated=args.allow_emulated,
+        attention_dropout=0.0,
+        precision=args.precision,
+    )
+    data = synthetic_prepared(args.micro_batch * (args.steps + args.warmup + 2), args.seq, 30522, 30528)
+    work = Path(tempfile.mkdtemp(prefix="profile_step_"))  # the runs themselves are not kept
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "versions": {"torch": torch.__version__},
+        "note": "device time of the kernels of the timed optimizer steps (after the warm-up steps; the profiler slows the step)",
+        "paths": {},
+    }
+    for path in args.paths.split(","):
+        report["paths"][path] = profile_path(data, ns, path, work)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        g = report["paths"][path]["groups"]
+        shutil.rmtree(work / path, ignore_errors=True)
+        print(
+            path,
+            report["paths"][path]["bench"].get("tokens_per_sec"),
+            {k: round(v["share"], 3) for k, v in g.items()},
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
