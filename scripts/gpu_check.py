@@ -57,7 +57,7 @@ COMMANDS = (("ladder", "paths"), ("tests", "kernels"), ("compile",), ("sweep",))
 BUDGETS = {
     "install": 60.0,
     "ladder": 240.0,
-    "paths": 200.0,
+    "paths": 300.0,
     "tests": 180.0,
     "kernels": 90.0,
     "compile": 300.0,
