@@ -6,7 +6,8 @@
 Runs ``bert_mp.pretrain.trainer.train`` (the same call as ``scripts/bench_train.py``, synthetic rows
 of ``--seq``) under ``torch.profiler`` and sums each kernel's device time into a group (GEMM,
 attention, normalization, softmax / dropout / GELU / other elementwise, optimizer, copies, reductions,
-compiled (triton) fusions). The profiler records only the ``--steps`` optimizer steps after the
+compiled fusions: triton on CUDA, inductor's C++ kernels on a CPU). On a CPU the time is each
+op's self CPU time. The profiler records only the ``--steps`` optimizer steps after the
 ``--warmup`` ones (a schedule stepped from the shared loop's optimizer step): compilation, autotuning
 and the final checkpoint's copies stay outside the window. User annotations are not kernels and are
 not counted. The JSON is written after each path, as it is measured.
@@ -30,9 +31,9 @@ import torch  # noqa: E402
 
 GROUPS = (
     ("attention", r"fmha|flash|sdpa|attention|cutlassF|cutlassB"),
-    ("gemm", r"gemm|nvjet|xmma|sm\d+_.*tensorop|cublas|matmul|addmm|mm_"),
+    ("gemm", r"gemm|nvjet|xmma|sm\d+_.*tensorop|cublas|matmul|addmm|mm_|aten::mm$|aten::bmm$|mkldnn"),
     ("optimizer", r"multi_tensor|foreach|adam|fused_.*optim"),
-    ("triton fusion", r"^triton_|triton"),
+    ("compiled fusion", r"^triton_|triton|cpp_fused|kernel_cpp"),
     ("layernorm", r"layer_norm|layernorm|LayerNorm"),
     ("softmax / log-softmax", r"softmax"),
     ("dropout / rng", r"dropout|philox|fused_dropout|bernoulli|rand"),
@@ -57,14 +58,22 @@ def profile_path(data, args, path: str, out: Path) -> dict:
     unpad = path.startswith("unpad")
     compile_mode = "model" if path.endswith("+compile") else "none"
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:  # inductor's C++ kernels record themselves as profiler events (compiled paths)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     import bert_mp.core.training_loop as loop
 
     events: list = []
     schedule = torch.profiler.schedule(wait=args.warmup, warmup=0, active=args.steps, repeat=1)
     prof = torch.profiler.profile(
-        activities=activities, schedule=schedule, on_trace_ready=lambda p: events.extend(p.events())
+        activities=activities,
+        schedule=schedule,
+        on_trace_ready=lambda p: events.extend(p.events()),
+        record_shapes=args.shapes,
     )
     step = loop.optimizer_step
 
@@ -85,8 +94,13 @@ def profile_path(data, args, path: str, out: Path) -> dict:
     wall = time.perf_counter() - t0
     kernels: dict[str, float] = {}
     for evt in events:
-        if evt.device_type == torch.autograd.DeviceType.CUDA and not evt.is_user_annotation:
+        if evt.is_user_annotation:
+            continue
+        if cuda and evt.device_type == torch.autograd.DeviceType.CUDA:
             kernels[evt.name] = kernels.get(evt.name, 0.0) + evt.device_time
+        elif not cuda and evt.device_type == torch.autograd.DeviceType.CPU and evt.self_cpu_time_total > 0:
+            name = f"{evt.name} {evt.input_shapes}" if args.shapes and evt.input_shapes else evt.name
+            kernels[name] = kernels.get(name, 0.0) + evt.self_cpu_time_total
     total = sum(kernels.values())
     groups: dict[str, float] = {}
     for name, us in kernels.items():
@@ -98,6 +112,7 @@ def profile_path(data, args, path: str, out: Path) -> dict:
         "profiled_steps": args.steps,
         "profiled_events": len(events),
         "profiled_optimizer_steps": sum(1 for e in events if e.name.startswith("Optimizer.step#")),
+        "time": "CUDA kernels' device time" if cuda else "CPU ops' self time (inductor kernels by name)",
         "device_us_total": total,
         "device_ms_per_step": total / 1000 / max(args.steps, 1),
         "groups": {
@@ -119,7 +134,11 @@ def main() -> None:
     p.add_argument("--paths", default="padded,unpad,unpad+compile")
     p.add_argument("--out", default="runs/profile_step.json")
     p.add_argument("--allow-emulated", action="store_true")
+    p.add_argument("--shapes", action="store_true", help="CPU: one line per op and input shapes")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from bench_train import synthetic_prepared
 
     ns = SimpleNamespace(
@@ -134,6 +153,7 @@ def main() -> None:
         allow_emulated=args.allow_emulated,
         attention_dropout=0.0,
         precision=args.precision,
+        shapes=args.shapes,
     )
     data = synthetic_prepared(args.micro_batch * (args.steps + args.warmup + 2), args.seq, 30522, 30528)
     work = Path(tempfile.mkdtemp(prefix="profile_step_"))  # the runs themselves are not kept

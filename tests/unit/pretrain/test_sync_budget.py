@@ -45,7 +45,8 @@ def _train(tmp_path, data, monkeypatch, mode: str, unpad: bool = False, **kw) ->
     cfg = tiny_config(tmp_path / mode, **train_kw)
     cfg.train.metrics_sync = mode
     cfg.model.unpad = unpad
-    cfg.train.num_workers = 0  # collate in this process, where the recorder counts it (CUDA defaults to workers)
+    # collate in this process, where the recorder counts it (CUDA defaults to DataLoader workers)
+    cfg.train.num_workers = 0
     with rec:
         summary = tr.train(cfg, data)
     assert summary["status"] == "completed" and summary["steps"] == train_kw["max_steps"]
