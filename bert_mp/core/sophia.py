@@ -9,6 +9,7 @@ graph, then ``h = u * grad(g . u) / scale`` for a Gaussian ``u`` drawn from a ge
 ``(seed, step)``. Dividing by the loss scale gives the Hessian of the unscaled loss; an estimate that
 is not finite (an fp16 overflow) is dropped, and the step keeps the previous moving average. Under
 fp8 the estimate runs the float8 Linears as plain ones (float8 matmuls have no double backward).
+Under DDP (several processes) the estimates of the ranks are averaged (:func:`mean_across_ranks`).
 """
 
 from __future__ import annotations
@@ -66,14 +67,38 @@ class HessianEstimator:
             id(p): (u * hv / scale).detach() if hv is not None else torch.zeros_like(p)
             for (p, _), u, hv in zip(pairs, us, hvps)
         }
-        hessian = [by_param.get(id(p), torch.zeros_like(p)) for p in params]
-        # one host read every sophia_update_period steps
+        hessian = mean_across_ranks([by_param.get(id(p), torch.zeros_like(p)) for p in params])
+        # one host read every sophia_update_period steps (after the mean: every rank decides alike)
         if not bool(torch.stack([h.float().abs().sum() for h in hessian]).isfinite().all()):
             self.dropped += 1
             return False
         self.sophia.pending_hessian = hessian
         self.taken += 1
         return True
+
+
+def mean_across_ranks(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The element-wise mean of ``tensors`` over the processes of a replicated (DDP) run; as they are
+    in a single process.
+
+    ``torch.autograd.grad`` fires none of DDP's gradient hooks, so each rank's estimate comes from its
+    own micro-batch only: Sophia would then clip each rank's update by a different Hessian and the
+    replicas would drift apart. One all-reduce of the flattened estimates (fp32) every
+    ``sophia_update_period`` steps keeps them equal; a non-finite estimate on any rank makes the mean
+    non-finite on every rank, so all drop it together.
+    """
+    import torch.distributed as dist
+
+    if not tensors or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return tensors
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start : start + t.numel()].view_as(t).to(t.dtype))
+        start += t.numel()
+    return out
 
 
 def _unwrap(optimizer: Any) -> Any:
