@@ -9,7 +9,7 @@ BERT's 30522 becomes 30528).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,33 @@ import numpy as np
 from bert_mp.errors import DataError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CONTINUING_PREFIX = "##"
+
+
+_CJK = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+"""The CJK ideographs BERT's normalizer (``handle_chinese_chars``) makes words of their own."""
+
+
+def _may_continue(char: str) -> bool:
+    """Whether ``char`` can sit inside a word after BERT's normalizer and pre-tokenizer: not
+    whitespace, not punctuation (ASCII symbols or a Unicode ``P*`` category) and not a CJK
+    ideograph, which are all split off as words of their own."""
+    import unicodedata
+
+    if char.isspace() or (char.isascii() and not char.isalnum()):
+        return False
+    if any(lo <= ord(char) <= hi for lo, hi in _CJK):
+        return False
+    return not unicodedata.category(char).startswith("P")
 
 
 def round_vocab_size(size: int, multiple: int = 64) -> int:
@@ -26,26 +53,59 @@ def round_vocab_size(size: int, multiple: int = 64) -> int:
 
 
 def train_wordpiece(
-    texts: Iterator[str], vocab_size: int, lowercase: bool = True, length: int | None = None
+    texts: Iterable[str] | Callable[[], Iterator[str]],
+    vocab_size: int,
+    lowercase: bool = True,
+    length: int | None = None,
 ) -> Any:
-    """Train a BERT WordPiece tokenizer on ``texts``; returns a ``BertTokenizerFast``."""
+    """Train a BERT WordPiece tokenizer on ``texts``; returns a ``BertTokenizerFast``. The same texts
+    give the same vocabulary in every process.
+
+    ``texts``: a function returning a fresh iterator over the texts (read twice: once for the
+    alphabet, once to train), or an iterable (an iterator is held in memory for the two passes).
+
+    ``tokenizers``' trainer alone is not reproducible (huggingface/tokenizers#1794): it creates a
+    continuing-subword token (``##c``) the first time it meets ``c`` inside a word while iterating a
+    hash map in a per-process random order, and those ids break the ties between merges of equal
+    count, so two runs on the same text can learn different vocabularies. Here every ``##c`` of the
+    alphabet is registered, in sorted order, before training (as a special token of the trainer), so
+    no id depends on that order; the tokenizer is then rebuilt on the learned vocabulary with only
+    BERT's five special tokens (a literal ``##a`` in a text stays ordinary text).
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertTokenizerFast
 
-    tk = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, lowercase=lowercase
-    )
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.decoder = decoders.WordPiece(prefix="##")
+    if not callable(texts):
+        kept = texts if not isinstance(texts, Iterator) else list(texts)
+        texts = lambda: iter(kept)  # noqa: E731
+
+    def pipeline(tk: Any) -> Any:
+        tk.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, lowercase=lowercase
+        )
+        tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tk.decoder = decoders.WordPiece(prefix="##")
+        return tk
+
+    draft = pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")))
+    chars: set[str] = set()
+    for text in texts():
+        chars.update(draft.normalizer.normalize_str(text))
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        continuing_subword_prefix="##",
+        special_tokens=[*SPECIAL_TOKENS, *(CONTINUING_PREFIX + c for c in sorted(chars) if _may_continue(c))],
+        continuing_subword_prefix=CONTINUING_PREFIX,
         # tokenizers draws its bars on stdout; without a terminal it writes only blank lines there
         show_progress=sys.stdout.isatty(),
     )
-    tk.train_from_iterator(texts, trainer=trainer, length=length)
+    draft.train_from_iterator(texts(), trainer=trainer, length=length)
+    vocab = draft.get_vocab(with_added_tokens=False)
+    tk = pipeline(
+        Tokenizer(
+            models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix=CONTINUING_PREFIX)
+        )
+    )
+    tk.add_special_tokens(SPECIAL_TOKENS)
     cls_id, sep_id = tk.token_to_id("[CLS]"), tk.token_to_id("[SEP]")
     tk.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

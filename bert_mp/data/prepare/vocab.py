@@ -43,9 +43,15 @@ def training_text_digest(table: pa.Table, train_ids: np.ndarray) -> str:
 def tokenizer_cache_path(data: DataConfig, text_digest: str) -> Path:
     """Where a tokenizer trained for this config is kept: keyed by its training text
     (:func:`training_text_digest`) and vocabulary settings, so every data config whose training
-    documents are the same bytes shares it, and no other does. (WordPiece training itself is not
-    reproducible run to run - huggingface/tokenizers#1794 - so reuse keeps vocabularies equal.)"""
-    inputs = {"text": text_digest, "vocab_size": data.vocab_size, "lowercase": data.lowercase}
+    documents are the same bytes shares it, and no other does. ``trainer`` names the training
+    procedure: a tokenizer the stock, unreproducible trainer left in a cache is not reused (see
+    :func:`bert_mp.data.tokenizer.train_wordpiece`)."""
+    inputs = {
+        "text": text_digest,
+        "vocab_size": data.vocab_size,
+        "lowercase": data.lowercase,
+        "trainer": "wordpiece, continuing pieces registered in sorted order",
+    }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     return Path(data.cache_dir) / "tokenizers" / key
 
@@ -89,6 +95,6 @@ def tokenizer_for(data: DataConfig, docs: Any, train_ids: np.ndarray, force: boo
     where = f"trained WordPiece (kept in {shared})"
     if (shared / "tokenizer.json").is_file() and not force:
         return load_tokenizer(str(shared), data.max_seq_length), where
-    tokenizer = train_wordpiece(train_texts(), data.vocab_size, data.lowercase, length=len(train_ids))
+    tokenizer = train_wordpiece(train_texts, data.vocab_size, data.lowercase, length=len(train_ids))
     _publish_tokenizer(tokenizer, shared)
     return tokenizer, where

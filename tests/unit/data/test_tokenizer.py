@@ -32,6 +32,48 @@ def trained():
     return train_wordpiece(iter(TEXTS), vocab_size=300, lowercase=True)
 
 
+_TRAIN_IN_A_FRESH_PROCESS = """
+import hashlib, itertools, json, sys
+from bert_mp.data.builtin_corpus import builtin_documents
+from bert_mp.data.tokenizer import train_wordpiece
+texts = [d["text"] for d in itertools.islice(builtin_documents(), 60)]
+tok = train_wordpiece(lambda: iter(texts), vocab_size=1000)
+ids = tok("Return the binary representation of an integer, tokenized.")["input_ids"]
+print(hashlib.sha256(json.dumps([sorted(tok.get_vocab().items()), ids]).encode()).hexdigest())
+"""
+
+
+def test_training_gives_the_same_vocabulary_in_every_process():
+    """huggingface/tokenizers#1794: the stock WordPieceTrainer learned 4 different vocabularies in 4
+    processes on these 60 documents (vocabulary 1000); each process has its own hash seeds."""
+    import subprocess
+    import sys
+
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_A_FRESH_PROCESS],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout.strip()
+        for seed in (1, 2, 3)
+    }
+    assert len(digests) == 1 and len(next(iter(digests))) == 64, digests
+
+
+def test_only_berts_special_tokens_are_special(trained):
+    """The ``##c`` tokens registered for training are ordinary word pieces of the result."""
+    assert sorted(trained.all_special_tokens) == sorted(SPECIAL_TOKENS)
+    backend = trained.backend_tokenizer
+    assert sorted(t.content for t in backend.get_added_tokens_decoder().values()) == sorted(SPECIAL_TOKENS)
+    assert trained.tokenize("the ##e") == ["the", "[UNK]", "[UNK]", "e"]  # text, not a token "##e"
+    pieces = trained.tokenize("runners")
+    assert len(pieces) > 1 and all(p.startswith("##") for p in pieces[1:])
+    ids = trained("conversion runners")["input_ids"]
+    assert trained.decode(ids, skip_special_tokens=True) == "conversion runners"
+
+
 def test_round_vocab_size():
     assert round_vocab_size(30522) == 30528
     assert round_vocab_size(64) == 64
@@ -41,9 +83,7 @@ def test_round_vocab_size():
 
 def test_trained_tokenizer_saves_and_reloads_at_full_size(trained, tmp_path):
     size = len(trained)
-    # the real trained vocabulary, not a 5-token shell (the exact size varies by a token or two from
-    # run to run: WordPiece training breaks ties differently, huggingface/tokenizers#1794)
-    assert 100 < size <= 300
+    assert 100 < size <= 300  # the real trained vocabulary, not a 5-token shell
     assert trained.convert_ids_to_tokens(list(range(5))) == SPECIAL_TOKENS
     save_tokenizer(trained, tmp_path / "tok")
     loaded = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
