@@ -50,3 +50,34 @@ def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
     assert any("look binary" in w for w in s["warnings"])
     assert s["splits"]["train"] > 0
     assert "NSP random share" in r.stdout and "documents:" in r.stdout
+
+
+def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
+    """No tokenizer given: each prepare trains its own WordPiece vocabulary (separate caches, other
+    hash seeds) and still writes the same tokenizer and the same examples."""
+    import os
+
+    from bert_mp.data.prepare import load_prepared
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus / "a.txt", n_docs=60)
+    outputs = []
+    for run, seed in (("one", "1"), ("two", "2")):
+        r = subprocess.run(
+            [sys.executable, "-m", "bert_mp", "prepare", "data.source=text", f"data.paths=[{corpus}]"]
+            + ["data.vocab_size=400", "data.max_seq_length=64", f"data.cache_dir={tmp_path / run}"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=300,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        path = next(p for p in (tmp_path / run).iterdir() if (p / "PREPARED").exists())
+        prepared = load_prepared(path)
+        train = prepared.dataset["train"]
+        outputs.append((prepared.tokenizer.get_vocab(), train["input_ids"], train["next_sentence_label"]))
+    assert outputs[0][0] == outputs[1][0]
+    assert outputs[0][1] == outputs[1][1] and outputs[0][2] == outputs[1][2]
+    assert len(outputs[0][1]) > 20
