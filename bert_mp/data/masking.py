@@ -11,12 +11,14 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from bert_mp.core.config import DataConfig
+
+if TYPE_CHECKING:
+    import torch
 
 STREAM_MASKING = 1
 """Stream tag of every masking draw under ``data.seed`` (:func:`derive_rng`). Pairing seeds its own
@@ -205,6 +207,8 @@ class PretrainingCollator:
 
     def _padded(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """One row per example, padded to the longest (rounded up to ``pad_to_multiple_of``)."""
+        import torch  # here, not at the top: `bert-mp prepare` imports this module and never needs torch
+
         length = max(len(f["input_ids"]) for f in features)
         length = self._padded_length(length)
         n = len(features)
@@ -241,6 +245,8 @@ class PretrainingCollator:
     def _with_documents(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``segment_ids`` per document of a row with ``data.mlm_document_attention=block`` (special
         tokens are never masked, so the masked ids show every [SEP])."""
+        import torch
+
         if self.document_sep is None:
             return batch
         from bert_mp.data.packing import document_segments
@@ -258,6 +264,8 @@ class PretrainingCollator:
         """Examples first-fit into rows of ``pack_length``; ``segment_ids`` 1, 2, ... per example in a
         row (0 on padding). ``next_sentence_label`` follows the examples in row-major order, the order
         in which the unpadded model reads each example's ``[CLS]``."""
+        import torch
+
         from bert_mp.data.packing import pack_rows
 
         plan = pack_rows([len(f["input_ids"]) for f in features], self.pack_length)

@@ -81,3 +81,22 @@ def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
     assert outputs[0][0] == outputs[1][0]
     assert outputs[0][1] == outputs[1][1] and outputs[0][2] == outputs[1][2]
     assert len(outputs[0][1]) > 20
+
+
+def test_prepare_loads_no_torch(tmp_path):
+    """`bert-mp prepare` is text, tokens and Arrow: it does not pay for importing torch."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus / "a.txt", n_docs=20)
+    code = (
+        "import sys\n"
+        "from bert_mp.cli import main\n"
+        f"code = main(['prepare', 'data.source=text', 'data.paths=[{corpus}]', 'data.vocab_size=300',\n"
+        f"             'data.max_seq_length=32', 'data.cache_dir={tmp_path / 'cache'}'])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0 False"
