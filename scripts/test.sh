@@ -10,7 +10,12 @@ source "$(dirname "$0")/bootstrap.sh"
 if [ "$#" -gt 0 ]; then
   exec python -m pytest -q "$@"
 fi
-python -m pytest -q --durations=15  # the slowest tests in the log, to keep the suite short
+# Test files run side by side in worker processes (pytest-xdist; a file's tests stay together and
+# share their module fixtures): one worker per CPU, 2 to 4 (BERT_MP_TEST_WORKERS: another count; 0:
+# one process). Every test holds on its own: no order, shared folder or port is assumed.
+CPUS="$(python -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)')"
+WORKERS="${BERT_MP_TEST_WORKERS:-$(( CPUS < 2 ? 2 : (CPUS > 4 ? 4 : CPUS) ))}"
+python -m pytest -q -n "$WORKERS" --dist loadfile --durations=15  # the slowest tests in the log
 echo
 echo "[test] again with every CPU capability masked (BERT_MP_CPU_MASK=all): precision, train, finetune, faults"
 BERT_MP_CPU_MASK=all python -m pytest -q \

@@ -205,6 +205,16 @@ def run_config(config_path: Path, data_root: Path, stop_at: int | None = None) -
             monitors.REGISTRY["stop_at"] = registered
 
 
+def free_port() -> int:
+    """A TCP port no process listens on now (the OS picks it), for a launch's rendezvous: tests that
+    run side by side (pytest-xdist workers) never share one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def fresh_process_main(setup: str = "") -> str:
     """Python source that runs :func:`run_in_subprocess_main` on its arguments: ``python -c`` code, or
     a script's text. ``setup`` (statements ending in ``; ``) runs first."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import hold_env, make_tokenizer, own_session, wait_held
+from support import free_port, hold_env, make_tokenizer, own_session, wait_held
 
 from bert_mp.core.config import load_config
 from bert_mp.data.prepare import prepare
@@ -77,7 +77,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _port() -> str:
-    return str(29600 + os.getpid() % 1000)
+    return str(free_port())
 
 
 @pytest.mark.signals

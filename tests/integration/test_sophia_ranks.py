@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import fresh_process_main, make_prepared, tiny_config
+from support import free_port, fresh_process_main, make_prepared, tiny_config
 
 from bert_mp.core.config import save_config
 from bert_mp.core.launch import accelerate_launch
@@ -43,7 +43,7 @@ def test_two_process_sophia_keeps_the_replicas_equal(tmp_path, optimizer):
     dump = tmp_path / "dump"
     dump.mkdir()
     cmd = [
-        *accelerate_launch(2, cuda=False, port=29500 + (os.getpid() + 7) % 1000),
+        *accelerate_launch(2, cuda=False, port=free_port()),
         str(script),
         str(cfg_path),
         str(data_root),

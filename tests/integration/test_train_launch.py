@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import fresh_process_main, make_prepared, tiny_config
+from support import free_port, fresh_process_main, make_prepared, tiny_config
 
 from bert_mp.core.config import save_config
 from bert_mp.core.io import read_jsonl
@@ -23,7 +23,7 @@ def _launch(cfg, data_root: Path, processes: int) -> None:
     script = cfg_path.with_suffix(".py")
     script.write_text(fresh_process_main() + "\n")
     cmd = [
-        *accelerate_launch(processes, cuda=False, port=29500 + os.getpid() % 1000),
+        *accelerate_launch(processes, cuda=False, port=free_port()),
         str(script),
         str(cfg_path),
         str(data_root),
