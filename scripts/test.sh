@@ -18,7 +18,7 @@ WORKERS="${BERT_MP_TEST_WORKERS:-$(( CPUS < 2 ? 2 : (CPUS > 4 ? 4 : CPUS) ))}"
 python -m pytest -q -n "$WORKERS" --dist loadfile --durations=15  # the slowest tests in the log
 echo
 echo "[test] again with every CPU capability masked (BERT_MP_CPU_MASK=all): precision, train, finetune, faults"
-BERT_MP_CPU_MASK=all python -m pytest -q \
+BERT_MP_CPU_MASK=all python -m pytest -q -n "$WORKERS" --dist loadfile \
   tests/unit/core/test_precision.py tests/unit/pretrain/test_train.py \
   tests/unit/finetune/test_finetune.py tests/integration/test_finetune_cli.py \
   tests/unit/pretrain/test_faults.py tests/integration/test_fault_drill.py \
