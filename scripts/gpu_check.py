@@ -21,7 +21,9 @@ Phases: ``install``, ``ladder`` (bench_train.py on BERT-base seq 128: HF strict 
 bert_mp fp32 / bf16 / tf32 / fp16), ``paths`` (bf16 padded vs unpadded vs unpadded + compiled on the
 built-in and the short-documents corpus, attention dropout 0 so the unpadded path may take torch's varlen
 flash kernel), ``tests`` (the CUDA tests), ``kernels`` (the kernel probe per
-precision: GEMM verdicts weighted by device time, skinny GEMMs on their own line), ``compile``
+precision: GEMM verdicts weighted by device time, skinny GEMMs on their own line), ``profile``
+(scripts/profile_step.py: bf16 padded / unpadded / unpadded + compiled, each kernel's device time
+over the timed steps, grouped: GEMM, attention, LayerNorm, copies ...), ``compile``
 (the ladder with ``train.compile=model``), ``sweep`` (configs/sweep_gpu_short.yaml: BERT-base,
 200 steps per precision plus the second fp32 seed, parity verdicts, on a docstring corpus built
 in seconds; ``--long-sweep`` for configs/sweep_gpu_base.yaml), ``summary``.
@@ -50,9 +52,9 @@ SITE = ROOT / ".gpu_site"
 INSTALLED = "INSTALLED.json"
 """Written into SITE by a successful install: a command that finds it skips the install."""
 WHEELS = ROOT / ".wheels"
-PHASES = ("install", "ladder", "paths", "tests", "kernels", "compile", "sweep", "summary")
+PHASES = ("install", "ladder", "paths", "tests", "kernels", "profile", "compile", "sweep", "summary")
 DEFAULT_PHASES = ("ladder", "tests")
-COMMANDS = (("ladder", "paths"), ("tests", "kernels"), ("compile",), ("sweep",))
+COMMANDS = (("ladder", "paths"), ("tests", "kernels", "profile"), ("compile",), ("sweep",))
 """The sequence docs/gpu.md gives: one command each, each on a fresh machine (install is implied)."""
 BUDGETS = {
     "install": 60.0,
@@ -60,6 +62,7 @@ BUDGETS = {
     "paths": 300.0,
     "tests": 180.0,
     "kernels": 90.0,
+    "profile": 200.0,
     "compile": 300.0,
     "sweep": 420.0,
 }
@@ -70,6 +73,7 @@ BUDGETS_DRY = {
     "paths": 120.0,
     "tests": 120.0,
     "kernels": 60.0,
+    "profile": 90.0,
     "compile": 120.0,
     "sweep": 150.0,
 }
@@ -287,6 +291,7 @@ def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
         "targets": check_targets(rows),
         "targets_compiled": check_targets(crow) if crow else None,
         "kernel_check": (phases.get("kernels") or {}).get("kernels") or ladder.get("kernels"),
+        "profile": profile_rows((phases.get("profile") or {}).get("profile")),
         "sweep": (phases.get("sweep") or {}).get("verdicts"),
         "sweep_runs": (phases.get("sweep") or {}).get("runs"),
     }
@@ -374,6 +379,14 @@ def summary_markdown(s: dict[str, Any]) -> str:
                 lines.append(f"- {prec}: {k['verdict']}")
             else:
                 lines.append(f"- {prec}: {k}")
+    if s.get("profile"):
+        lines += ["", "## Where the step's time goes (timed steps only; shares of kernel time)", ""]
+        for r in s["profile"]:
+            top = ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in list(r["shares"].items())[:6])
+            lines.append(
+                f"- {r['path']}: {_fmt(r['tokens_per_sec'], digits=0)} tokens/s under the profiler, "
+                f"{_fmt(r['kernel_ms_per_step'], digits=1)} ms of kernels a step: {top or 'no kernels recorded'}"
+            )
     if s.get("sweep"):
         lines += ["", "## Sweep parity verdicts", ""]
         for name, v in s["sweep"].items():
@@ -686,6 +699,50 @@ def phase_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return {"status": _status(rc), "rc": rc, "kernels": _read_json(out), "tail": tail[-1500:]}
 
 
+PROFILE_PATHS = "padded,unpad,unpad+compile"
+
+
+def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """scripts/profile_step.py: where a bf16 step's device time goes, per encoder path (the timed steps
+    only), each path written when profiled."""
+    out = STATE / "profile_step.json"
+    out.unlink(missing_ok=True)
+    if args.dry_run:
+        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "2", "--warmup", "1"]
+        size += ["--precision", "fp32"]
+    else:
+        size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
+        size += ["--steps", "6", "--warmup", "3", "--precision", "bf16"]
+    env = _env()
+    if args.dry_run:
+        env["TORCH_COMPILE_DISABLE"] = "1"  # the plumbing, not inductor on 2 cores
+    rc, tail = _run(
+        [sys.executable, "scripts/profile_step.py", *size, "--paths", PROFILE_PATHS, "--out", str(out)],
+        args.budget,
+        STATE / "profile.log",
+        tick=lambda: args.progress({"profile": _read_json(out)}),
+        env=env,
+    )
+    return {"status": _status(rc), "rc": rc, "profile": _read_json(out), "tail": tail[-1500:]}
+
+
+def profile_rows(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per profiled path: tokens/s, kernel time per step, the groups' shares (largest first)."""
+    rows = []
+    for path, r in ((report or {}).get("paths") or {}).items():
+        groups = r.get("groups") or {}
+        rows.append(
+            {
+                "path": path,
+                "tokens_per_sec": (r.get("bench") or {}).get("tokens_per_sec"),
+                "kernel_ms_per_step": r.get("device_ms_per_step"),
+                "time": r.get("time"),
+                "shares": {k: v.get("share") for k, v in groups.items()},
+            }
+        )
+    return rows
+
+
 def _extract_docstrings(path: Path) -> str:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
@@ -835,6 +892,7 @@ RUNNERS = {
     "paths": phase_paths,
     "tests": phase_tests,
     "kernels": phase_kernels,
+    "profile": phase_profile,
     "compile": phase_compile,
     "sweep": phase_sweep,
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Validate bert_mp on a bare GPU machine, from the repo root, with the machine's own torch. The
 # commands docs/gpu.md gives, in order, each on a fresh machine (carry .wheels from scripts/gpu_wheels.sh):
-#   bash scripts/gpu_check.sh OUT ladder tests
-#   bash scripts/gpu_check.sh OUT kernels compile
+#   bash scripts/gpu_check.sh OUT ladder paths
+#   bash scripts/gpu_check.sh OUT tests kernels profile
+#   bash scripts/gpu_check.sh OUT compile
 #   bash scripts/gpu_check.sh OUT sweep
 # Every command installs what it needs when .gpu_site/ has no install, keeps to its phase budgets,
 # and writes each result into OUT as it is measured (at most 8 files).

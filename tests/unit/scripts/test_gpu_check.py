@@ -304,3 +304,37 @@ def test_bench_rows_are_written_as_they_are_measured(tmp_path):
     bench.write_progress(str(out), torch.device("cpu"), [], rows)
     assert list(json.loads(out.read_text())["results"]) == ["baseline_hf_fp32", "bert_mp_fp32"]
     assert [r["run"] for r in gpu_check.ladder_rows(json.loads(out.read_text()))] == list(rows)
+
+
+def test_profile_rows_and_their_lines():
+    report = {
+        "paths": {
+            "padded": {
+                "bench": {"tokens_per_sec": 400000.0},
+                "device_ms_per_step": 60.0,
+                "time": "CUDA kernels' device time",
+                "groups": {
+                    "gemm": {"device_us": 3.0, "share": 0.6},
+                    "layernorm": {"device_us": 2.0, "share": 0.4},
+                },
+            }
+        }
+    }
+    rows = gpu_check.profile_rows(report)
+    assert rows == [
+        {
+            "path": "padded",
+            "tokens_per_sec": 400000.0,
+            "kernel_ms_per_step": 60.0,
+            "time": "CUDA kernels' device time",
+            "shares": {"gemm": 0.6, "layernorm": 0.4},
+        }
+    ]
+    s = gpu_check.build_summary({"profile": {"status": "ok", "profile": report}})
+    assert s["profile"] == rows and s["phases"] == {"profile": "ok"}
+    md = gpu_check.summary_markdown(s)
+    assert (
+        "- padded: 400,000 tokens/s under the profiler, 60.0 ms of kernels a step: gemm 60.0%, layernorm 40.0%"
+        in md
+    )
+    assert gpu_check.profile_rows(None) == []
