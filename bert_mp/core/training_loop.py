@@ -148,6 +148,23 @@ class TrainingLoop(abc.ABC):
         """The product's start, after the log opens and before the clock starts (nothing by default)."""
         return
 
+    def start_callbacks(self, context_type: type, **extra: Any) -> Any:
+        """Start every callback with the run's context: a ``context_type`` (the callbacks' context class
+        of the product) built from what every loop knows plus the product's ``extra`` fields."""
+        acc = self.accelerator
+        ctx = context_type(
+            cfg=self.cfg,
+            device=acc.device,
+            precision=self.plan.describe(self.scaler),
+            num_processes=acc.num_processes,
+            is_main_process=acc.is_main_process,
+            scaler=self.scaler,
+            **extra,
+        )
+        for cb in self.callbacks:
+            cb.on_train_start(self.state, ctx)
+        return ctx
+
     def bar_label(self) -> str:
         return self.command
 

@@ -231,17 +231,7 @@ class FineTuner(TrainingLoop):
 
     def on_start(self) -> None:
         """The shared monitors learn the run's device, precision and scaler (step rows only)."""
-        acc = self.accelerator
-        ctx = TrainContext(
-            cfg=self.cfg,
-            device=acc.device,
-            precision=self.plan.describe(self.scaler),
-            num_processes=acc.num_processes,
-            is_main_process=acc.is_main_process,
-            scaler=self.scaler,
-        )
-        for cb in self.callbacks:
-            cb.on_train_start(self.state, ctx)
+        self.start_callbacks(TrainContext)
 
     # ---- one step ----------------------------------------------------------------------------------
     def next_batch(self) -> tuple[dict, bool]:

@@ -269,21 +269,13 @@ class Trainer(TrainingLoop):
 
     def on_start(self) -> None:
         """Start the callbacks with what they may read about the run."""
-        acc = self.accelerator
-        self.ctx = PretrainContext(
-            cfg=self.cfg,
-            device=acc.device,
-            precision=self.plan.describe(self.scaler),
+        self.ctx = self.start_callbacks(
+            PretrainContext,
             param_counts=self.counts,
             hidden_size=self.inner.config.hidden_size,
             num_layers=self.inner.config.num_hidden_layers,
             vocab_size=self.inner.config.vocab_size,
-            num_processes=acc.num_processes,
-            is_main_process=acc.is_main_process,
-            scaler=self.scaler,
         )
-        for cb in self.callbacks:
-            cb.on_train_start(self.state, self.ctx)
         self.summary_start = self.initial_summary()
 
     def bar_label(self) -> str:
