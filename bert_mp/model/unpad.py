@@ -26,7 +26,7 @@ bounded number of shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -61,6 +61,14 @@ class Unpadded:
     bucketed: bool = False
     """The stream was padded to a bucket (compiled runs): attention keeps the block route, whose
     shapes do not depend on the filler count (the flash route's cu_seqlens would)."""
+    _cu_seqlens_int32: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    def cu_seqlens_int32(self) -> torch.Tensor:
+        """``cu_seqlens`` as the flash kernel takes it (int32): converted once per layout, not in every
+        layer (a copy of this layout, e.g. :func:`pad_sequences`' ``replace``, converts its own)."""
+        if self._cu_seqlens_int32 is None:
+            self._cu_seqlens_int32 = self.cu_seqlens.to(torch.int32)
+        return self._cu_seqlens_int32
 
     @property
     def num_sequences(self) -> int:
@@ -302,7 +310,7 @@ def _flash_attention(
 ) -> torch.Tensor:
     """(1, heads, S, d) streams -> (1, S, heads, d) through the varlen kernel: no block, no scatter."""
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (S, heads, d): real tokens only
-    cu = u.cu_seqlens.to(torch.int32)
+    cu = u.cu_seqlens_int32()
     kwargs = {} if scaling is None else {"scale": scaling}
     return kernel(q, k, v, cu, cu, u.block_len, u.block_len, **kwargs).unsqueeze(0)
 

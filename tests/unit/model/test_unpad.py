@@ -216,11 +216,15 @@ def test_flash_varlen_route_matches_padded(monkeypatch, bucketed: bool):
     (compiled) stream keeps the block route."""
     import bert_mp.model.unpad as unpad_mod
 
-    calls = []
+    calls, seen = [], []
+
+    def recording(q, k, v, cu_q, *rest, **kw):
+        seen.append(cu_q)
+        return _reference_varlen(q, k, v, cu_q, *rest, **kw)
 
     def kernel(query, dropout, base):
         calls.append(base)
-        return _reference_varlen if base == "sdpa" and not dropout else None
+        return recording if base == "sdpa" and not dropout else None
 
     monkeypatch.setattr(unpad_mod, "flash_varlen_kernel", kernel)
     micro = [_batch(SHAPES["short"], seed=1), _batch(SHAPES["mixed"], seed=2)]
@@ -230,6 +234,8 @@ def test_flash_varlen_route_matches_padded(monkeypatch, bucketed: bool):
         unpadded.stream_bucket = token_bucket
     gp, gu = _accumulated_grads(padded, micro), _accumulated_grads(unpadded, micro)
     assert calls == ([] if bucketed else ["sdpa"] * len(calls)) and (bucketed or calls)
+    if not bucketed:  # every layer of a forward reads the one int32 copy of its layout's cu_seqlens
+        assert len(seen) > len(micro) and len({id(c) for c in seen}) == len(micro)
     for name in gp:
         torch.testing.assert_close(gu[name], gp[name], rtol=1e-4, atol=1e-6, msg=name)
 
