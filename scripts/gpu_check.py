@@ -385,7 +385,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
             top = ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in list(r["shares"].items())[:6])
             lines.append(
                 f"- {r['path']}: {_fmt(r['tokens_per_sec'], digits=0)} tokens/s under the profiler, "
-                f"{_fmt(r['kernel_ms_per_step'], digits=1)} ms of kernels a step: {top or 'no kernels recorded'}"
+                f"{_fmt(r['kernel_ms_per_step'], digits=1)} ms of kernels a step "
+                f"({_fmt(r.get('busy_fraction'), pct=True)} of the step): {top or 'no kernels recorded'}"
             )
     if s.get("sweep"):
         lines += ["", "## Sweep parity verdicts", ""]
@@ -736,6 +737,7 @@ def profile_rows(report: dict[str, Any] | None) -> list[dict[str, Any]]:
                 "path": path,
                 "tokens_per_sec": (r.get("bench") or {}).get("tokens_per_sec"),
                 "kernel_ms_per_step": r.get("device_ms_per_step"),
+                "busy_fraction": r.get("busy_fraction"),
                 "time": r.get("time"),
                 "shares": {k: v.get("share") for k, v in groups.items()},
             }

@@ -115,6 +115,9 @@ def profile_path(data, args, path: str, out: Path) -> dict:
         "time": "CUDA kernels' device time" if cuda else "CPU ops' self time (inductor kernels by name)",
         "device_us_total": total,
         "device_ms_per_step": total / 1000 / max(args.steps, 1),
+        # kernel time over the step's wall time (under the profiler): well below 1 on a GPU, the
+        # device waits for the host (launches, syncs); on a CPU ops overlap threads, so it is a ratio
+        "busy_fraction": (total / 1000 / max(args.steps, 1)) / res["step_ms"] if res.get("step_ms") else None,
         "groups": {
             k: {"device_us": v, "share": v / total if total else None}
             for k, v in sorted(groups.items(), key=lambda kv: -kv[1])

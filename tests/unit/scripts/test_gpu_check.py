@@ -312,6 +312,7 @@ def test_profile_rows_and_their_lines():
             "padded": {
                 "bench": {"tokens_per_sec": 400000.0},
                 "device_ms_per_step": 60.0,
+                "busy_fraction": 0.75,
                 "time": "CUDA kernels' device time",
                 "groups": {
                     "gemm": {"device_us": 3.0, "share": 0.6},
@@ -326,6 +327,7 @@ def test_profile_rows_and_their_lines():
             "path": "padded",
             "tokens_per_sec": 400000.0,
             "kernel_ms_per_step": 60.0,
+            "busy_fraction": 0.75,
             "time": "CUDA kernels' device time",
             "shares": {"gemm": 0.6, "layernorm": 0.4},
         }
@@ -334,7 +336,7 @@ def test_profile_rows_and_their_lines():
     assert s["profile"] == rows and s["phases"] == {"profile": "ok"}
     md = gpu_check.summary_markdown(s)
     assert (
-        "- padded: 400,000 tokens/s under the profiler, 60.0 ms of kernels a step: gemm 60.0%, layernorm 40.0%"
+        "- padded: 400,000 tokens/s under the profiler, 60.0 ms of kernels a step (75.0% of the step): gemm 60.0%, layernorm 40.0%"
         in md
     )
     assert gpu_check.profile_rows(None) == []
