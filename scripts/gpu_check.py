@@ -18,7 +18,7 @@ package index and runs a command for at most 10 minutes. So:
   shapes, each command on a fresh copy of the repository (CI: test_gpu_check_rehearsal.py).
 
 Phases: ``install``, ``ladder`` (bench_train.py on BERT-base seq 128: HF strict fp32 / bf16 and
-bert_mp fp32 / bf16 / tf32 / fp16), ``paths`` (bf16 padded vs unpadded vs unpadded + compiled on the
+bert_mp fp32 / bf16 / tf32 / fp16 / bf16_pure), ``paths`` (bf16 padded vs unpadded vs unpadded + compiled on the
 built-in and the short-documents corpus, attention dropout 0 so the unpadded path may take torch's varlen
 flash kernel), ``tests`` (the CUDA tests), ``kernels`` (the kernel probe per
 precision: GEMM verdicts weighted by device time, skinny GEMMs on their own line), ``profile``
@@ -569,7 +569,7 @@ def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, 
         ]
         size += ["--steps", "20", "--warmup", "5"]
     # the reference first: strict fp32 (bert_mp, then HF) and bf16 are the rows a cut must not lose
-    precisions = "fp32,bf16,tf32,fp16" if compile_mode == "none" else "bf16,tf32,fp16"
+    precisions = "fp32,bf16,tf32,fp16,bf16_pure" if compile_mode == "none" else "bf16,tf32,fp16"
     if args.dry_run and compile_mode != "none":
         precisions = "tf32"  # the rehearsal checks the plumbing, one row is enough
     baselines = "fp32,bf16" if compile_mode == "none" else "fp32"
