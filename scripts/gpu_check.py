@@ -700,7 +700,8 @@ def phase_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return {"status": _status(rc), "rc": rc, "kernels": _read_json(out), "tail": tail[-1500:]}
 
 
-PROFILE_PATHS = "padded,unpad,unpad+compile"
+PROFILE_PATHS = "padded,unpad,unpad+compile,padded:bf16_pure"
+"""The encoder paths in bf16, and the padded one in pure bf16 (no autocast casts, bf16 residual stream)."""
 
 
 def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -710,7 +711,7 @@ def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
     out.unlink(missing_ok=True)
     if args.dry_run:
         size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "2", "--warmup", "1"]
-        size += ["--precision", "fp32"]
+        size += ["--precision", "fp32", "--allow-emulated"]  # bf16_pure on any CPU, for the plumbing
     else:
         size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
         size += ["--steps", "6", "--warmup", "3", "--precision", "bf16"]

@@ -53,8 +53,17 @@ def group(name: str) -> str:
 
 
 def profile_path(data, args, path: str, out: Path) -> dict:
+    """One ``--paths`` entry (``PATH`` or ``PATH:PRECISION``) profiled over its timed steps."""
     from bench_train import bench_bert_mp
 
+    run_name = path.replace(":", "_")
+
+    path, _, precision = path.partition(":")  # "padded:bf16_pure": that path in another precision
+    precision = precision or args.precision
+    if path not in ("padded", "unpad", "unpad+compile", "padded+compile"):
+        raise SystemExit(
+            f"--paths: {path!r}; choose padded, unpad, unpad+compile or padded+compile (:PRECISION)"
+        )
     unpad = path.startswith("unpad")
     compile_mode = "model" if path.endswith("+compile") else "none"
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -86,9 +95,7 @@ def profile_path(data, args, path: str, out: Path) -> dict:
     t0 = time.perf_counter()
     try:
         with prof:
-            res = bench_bert_mp(
-                data, args, args.precision, out / path, unpad=unpad, compile_mode=compile_mode
-            )
+            res = bench_bert_mp(data, args, precision, out / run_name, unpad=unpad, compile_mode=compile_mode)
     finally:
         loop.optimizer_step = step
     wall = time.perf_counter() - t0
@@ -107,6 +114,7 @@ def profile_path(data, args, path: str, out: Path) -> dict:
         groups[group(name)] = groups.get(group(name), 0.0) + us
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {
+        "precision": precision,
         "bench": {k: v for k, v in res.items() if k != "precision_in_effect"},
         "profiled_wall_s": wall,
         "profiled_steps": args.steps,
@@ -134,7 +142,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--precision", default="bf16")
-    p.add_argument("--paths", default="padded,unpad,unpad+compile")
+    p.add_argument(
+        "--paths",
+        default="padded,unpad,unpad+compile",
+        help="comma-separated padded, unpad, unpad+compile, padded+compile; PATH:PRECISION runs that path "
+        "in another precision than --precision (e.g. padded:bf16_pure)",
+    )
     p.add_argument("--out", default="runs/profile_step.json")
     p.add_argument("--allow-emulated", action="store_true")
     p.add_argument("--shapes", action="store_true", help="CPU: one line per op and input shapes")
@@ -171,7 +184,7 @@ def main() -> None:
         report["paths"][path] = profile_path(data, ns, path, work)
         Path(args.out).write_text(json.dumps(report, indent=1))
         g = report["paths"][path]["groups"]
-        shutil.rmtree(work / path, ignore_errors=True)
+        shutil.rmtree(work / path.replace(":", "_"), ignore_errors=True)
         print(
             path,
             report["paths"][path]["bench"].get("tokens_per_sec"),

@@ -145,12 +145,14 @@ def test_profile_step_records_only_the_timed_steps(tmp_path):
         [
             str(ROOT / "scripts" / "profile_step.py"),
             *("--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "2", "--warmup", "1"),
-            *("--precision", "fp32", "--paths", "padded,unpad", "--out", str(out)),
+            *("--precision", "fp32", "--paths", "padded,unpad:bf16_pure", "--out", str(out)),
+            "--allow-emulated",  # bf16_pure on a CPU without native bf16 too (the script, not the speed)
         ],
         tmp_path,
     )
     report = json.loads(out.read_text())
-    assert set(report["paths"]) == {"padded", "unpad"}
+    assert set(report["paths"]) == {"padded", "unpad:bf16_pure"}
+    assert [r["precision"] for r in report["paths"].values()] == ["fp32", "bf16_pure"]
     for row in report["paths"].values():
         assert row["profiled_optimizer_steps"] == 2 and row["profiled_events"] > 0
         assert row["bench"]["tokens_per_sec"] > 0
