@@ -88,12 +88,11 @@ def mean_across_ranks(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     non-finite on every rank, so all drop it together.
     """
     import torch.distributed as dist
+    from accelerate.utils import reduce
 
     if not tensors or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return tensors
-    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
+    flat = reduce(torch.cat([t.detach().reshape(-1).float() for t in tensors]), reduction="mean")
     out, start = [], 0
     for t in tensors:
         out.append(flat[start : start + t.numel()].view_as(t).to(t.dtype))

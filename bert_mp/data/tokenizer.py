@@ -9,6 +9,7 @@ BERT's 30522 becomes 30528).
 from __future__ import annotations
 
 import sys
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,6 @@ def _may_continue(char: str) -> bool:
     """Whether ``char`` can sit inside a word after BERT's normalizer and pre-tokenizer: not
     whitespace, not punctuation (ASCII symbols or a Unicode ``P*`` category) and not a CJK
     ideograph, which are all split off as words of their own."""
-    import unicodedata
-
     if char.isspace() or (char.isascii() and not char.isalnum()):
         return False
     if any(lo <= ord(char) <= hi for lo, hi in _CJK):
@@ -84,7 +83,7 @@ def train_wordpiece(
             clean_text=True, handle_chinese_chars=True, lowercase=lowercase
         )
         tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tk.decoder = decoders.WordPiece(prefix="##")
+        tk.decoder = decoders.WordPiece(prefix=CONTINUING_PREFIX)
         return tk
 
     draft = pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")))
