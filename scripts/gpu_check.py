@@ -700,8 +700,9 @@ def phase_kernels(args: argparse.Namespace) -> dict[str, Any]:
     return {"status": _status(rc), "rc": rc, "kernels": _read_json(out), "tail": tail[-1500:]}
 
 
-PROFILE_PATHS = "padded,unpad,unpad+compile,padded:bf16_pure"
-"""The encoder paths in bf16, and the padded one in pure bf16 (no autocast casts, bf16 residual stream)."""
+PROFILE_PATHS = "padded,padded:bf16_pure,padded+compile,padded+compile:bf16_pure,unpad+compile,unpad"
+"""The encoder paths in bf16, eager and compiled, and the padded ones in pure bf16 too (no autocast
+casts, bf16 residual stream): which of the step's non-GEMM kernels compile and bf16 activations remove."""
 
 
 def phase_profile(args: argparse.Namespace) -> dict[str, Any]:

@@ -164,6 +164,7 @@ def main() -> None:
         steps=args.steps,
         warmup=args.warmup,
         dropout_impl="auto",
+        device="auto",
         attn_implementation="sdpa",
         compile="none",
         allow_emulated=args.allow_emulated,
