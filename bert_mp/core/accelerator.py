@@ -31,6 +31,8 @@ def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
         bf16_update=cfg.bf16_update,
         fp8_recipe=cfg.fp8_recipe,
         fp8_convert_heads=cfg.fp8_convert_heads,
+        layernorm=cfg.layernorm_precision,
+        layernorm_key=f"{cfg.SECTION}.layernorm_precision",
     )
 
 

@@ -221,6 +221,11 @@ class PrecisionPlan:
     """bf16_pure: kahan | stochastic | none (see :mod:`bert_mp.core.lowprec`)."""
     fp8_recipe: str = "tensorwise"
     fp8_convert_heads: bool = False
+    layernorm: str = "fp32"
+    """Under autocast: ``fp32`` (autocast's own LayerNorm: fp32 output, an fp32 residual stream) |
+    ``autocast`` (the same fp32 math, output in the autocast dtype: a 16-bit residual stream; see
+    :mod:`bert_mp.core.autocast_norms`). Resolved from ``layernorm_precision`` by
+    :func:`resolve_layernorm`."""
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -235,6 +240,10 @@ class PrecisionPlan:
             from bert_mp.core.fp8 import convert_fp8
 
             convert_fp8(model, self.fp8_recipe, emulate=self.emulated, heads=self.fp8_convert_heads)
+        if self.layernorm == "autocast":
+            from bert_mp.core.autocast_norms import install_autocast_layernorm
+
+            install_autocast_layernorm(model)
         return model
 
     @property
@@ -309,6 +318,8 @@ class PrecisionPlan:
             note = (
                 "CPU analogue of tf32 (no TF32 hardware on CPU): oneDNN fp32 matmuls with bf16 inner products"
             )
+        if self.layernorm == "autocast":
+            note += f"; LayerNorm outputs in {str(self.autocast_dtype).replace('torch.', '')} (16-bit residual stream)"
         if self.emulated and self.name == "fp8":
             note += " (emulated: float8 numerics through fp32 matmuls, not fp8 speed)"
         elif self.emulated:
@@ -328,6 +339,7 @@ class PrecisionPlan:
             "param_dtype": str(self.param_dtype).replace("torch.", ""),
             "bf16_update": self.bf16_update if self.name == "bf16_pure" else None,
             "fp8_recipe": self.fp8_recipe if self.name == "fp8" else None,
+            "layernorm": self.layernorm if self.autocast_dtype is not None else None,
             "note": note,
             "versions": library_versions(),
         }
@@ -390,12 +402,15 @@ def resolve_precision(
     bf16_update: str = "kahan",
     fp8_recipe: str = "tensorwise",
     fp8_convert_heads: bool = False,
+    layernorm: str = "auto",
+    layernorm_key: str = "train.layernorm_precision",
 ) -> PrecisionPlan:
     """Check that ``device`` can run precision ``name`` and return its plan.
 
     Raises HardwareError with what to do instead when the hardware lacks the mode. On a CPU without
     native bf16/fp16, ``allow_emulated`` (``hardware.allow_emulated``) runs bf16/fp16 anyway, through
     torch's emulation, with a one-line warning; ``key`` names the config key in messages.
+    ``layernorm``: ``auto | fp32 | autocast`` (see :func:`resolve_layernorm`).
     """
     if name not in PRECISIONS:
         raise HardwareError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
@@ -425,6 +440,7 @@ def resolve_precision(
     return PrecisionPlan(
         name=name,
         device=device,
+        layernorm=resolve_layernorm(layernorm, name, device, layernorm_key),
         autocast_dtype=_AUTOCAST_DTYPE[name],
         use_scaler=name == "fp16",
         init_scale=float(init_scale),
@@ -434,6 +450,29 @@ def resolve_precision(
         fp8_recipe=fp8_recipe,
         fp8_convert_heads=fp8_convert_heads,
     )
+
+
+LAYERNORM_AUTO: dict[str, str] = {"cuda": "fp32", "cpu": "fp32"}
+"""What ``layernorm_precision=auto`` picks under autocast, per device type: a measured choice
+(docs/gpu.md), not a habit."""
+
+
+def resolve_layernorm(setting: str, precision: str, device: torch.device, key: str) -> str:
+    """``fp32 | autocast`` for a precision on a device: ``auto`` takes :data:`LAYERNORM_AUTO` under
+    autocast (bf16 / fp16) and ``fp32`` otherwise; ``autocast`` without autocast is refused."""
+    from bert_mp.core.autocast_norms import LAYERNORM_PRECISIONS
+
+    if setting not in LAYERNORM_PRECISIONS:
+        raise HardwareError(f"{key}={setting!r}; choose one of {', '.join(LAYERNORM_PRECISIONS)}")
+    under_autocast = _AUTOCAST_DTYPE[precision] is not None
+    if setting == "autocast" and not under_autocast:
+        raise HardwareError(
+            f"{key}=autocast rounds LayerNorm outputs to autocast's dtype, and precision {precision} has no "
+            f"autocast; use it with bf16 or fp16, or set {key}=auto"
+        )
+    if setting == "auto":
+        return LAYERNORM_AUTO.get(torch.device(device).type, "fp32") if under_autocast else "fp32"
+    return setting
 
 
 def install_scaler(accelerator: Any, plan: PrecisionPlan) -> torch.amp.GradScaler | None:

@@ -22,6 +22,7 @@ from transformers import BertConfig, BertForPreTraining
 
 from bert_mp.core.config import ModelConfig
 from bert_mp.errors import ConfigError
+from bert_mp.model.attention import attention_backends
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,11 @@ COMPILE_MODES = ("none", "model", "layers")
 
 
 def compile_model(
-    model: nn.Module, mode: str, dynamic: bool = False, deterministic: bool = False
+    model: nn.Module,
+    mode: str,
+    dynamic: bool = False,
+    deterministic: bool = False,
+    compile_mode: str = "default",
 ) -> nn.Module:
     """Apply ``torch.compile`` per ``train.compile``, in place (``Module.compile``), so state-dict keys,
     checkpoints and the export are unchanged: ``none``, ``model`` (the whole forward including the
@@ -245,7 +250,9 @@ def compile_model(
     Shapes are static (``dynamic=False``): under compile the collator pads to one of a few lengths
     and the model gathers and pads to fixed sizes (:mod:`bert_mp.model.buckets`,
     ``unpad.prepare_for_compile``), so a run compiles a bounded number of graphs. ``deterministic``:
-    see :func:`deterministic_inductor`.
+    see :func:`deterministic_inductor`. ``compile_mode``: torch.compile's ``mode``
+    (``train.compile_mode``; ``reduce-overhead`` and ``max-autotune`` add CUDA graphs, which
+    :func:`mark_step` keeps apart from step to step).
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
@@ -253,21 +260,46 @@ def compile_model(
         return model
     if deterministic:
         deterministic_inductor()
+    options: dict[str, Any] = {"dynamic": dynamic}
+    if compile_mode != "default":
+        options["mode"] = compile_mode
     if mode == "model":
-        model.compile(dynamic=dynamic)
+        model.compile(**options)
         return model
     from transformers.models.bert.modeling_bert import BertLayer
 
     compiled = 0
     for module in model.modules():
         if isinstance(module, BertLayer):
-            module.compile(dynamic=dynamic)
+            module.compile(**options)
             compiled += 1
     if not compiled:
         raise ConfigError(
             "train.compile=layers: the model has no BertLayer to compile; use train.compile=model"
         )
     return model
+
+
+def compile_counters() -> dict[str, int]:
+    """Graphs dynamo has built, graph breaks it has met and CUDA graphs inductor skipped in this process
+    so far (cumulative: a run reports the difference between its end and its start)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        # CUDA graphs that inductor declined (a CPU tensor, a mutated input ...): the step runs without them
+        "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"]),
+    }
+
+
+def mark_step() -> None:
+    """Tell CUDA graphs (``train.compile_mode=reduce-overhead`` / ``max-autotune``) that a new step
+    begins: the outputs of the previous replay are no longer read, so the next replay may reuse their
+    memory. Call before each forward of a compiled model; without CUDA graphs it only bumps a counter."""
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    if mark is not None:
+        mark()
 
 
 def deterministic_inductor() -> None:
@@ -333,10 +365,13 @@ class PretrainingModel(nn.Module):
         sparse_mlm_head: bool = True,
         max_predictions_per_seq: int | None = None,
         unpad: bool = False,
+        attention_kernel: str = "auto",
     ):
         super().__init__()
         self.model = model
         self.unpad = unpad
+        self.attention_kernel = attention_kernel
+        """``model.attention_kernel`` as resolved for the device (:func:`resolve_attention_kernel`)."""
         """Run the encoder on real tokens only (``bert_mp/model/unpad.py``); same parameters."""
         self.stream_bucket: Any = None
         """With ``unpad``: a ``(total, capacity) -> stream length`` rounding for compiled runs, or None."""
@@ -379,7 +414,7 @@ class PretrainingModel(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """``unpad_layout``: the layout a collator computed with the batch (``model/unpad.py``
         ``host_layout``); the unpadded path then computes none itself, the padded path ignores it."""
-        if self.unpad:
+        if self.unpad:  # its graph break (the host-side layout) comes before its kernel context
             from bert_mp.model.unpad import run_unpadded
 
             seq, pooled, flat_labels = run_unpadded(
@@ -387,9 +422,10 @@ class PretrainingModel(nn.Module):
             )
         else:
             attention_mask = sdpa_padding_mask(attention_mask, self.model.config._attn_implementation)
-            out = self.model.bert(
-                input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
-            )
+            with attention_backends(self.attention_kernel):
+                out = self.model.bert(
+                    input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+                )
             seq, pooled = out.last_hidden_state, out.pooler_output
             flat_labels = labels.reshape(-1)
         heads = self.model.cls

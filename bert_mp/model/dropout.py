@@ -135,14 +135,18 @@ def install_fast_dropout(model: nn.Module) -> int:
     return swapped
 
 
-def resolve_dropout_impl(setting: str, device: torch.device) -> str:
-    """``auto`` -> ``fast`` on CPU, ``torch`` elsewhere; ``torch`` / ``fast`` as given.
+def resolve_dropout_impl(setting: str, device: torch.device, compiled: bool = False) -> str:
+    """``auto`` -> ``fast`` on an uncompiled CPU run, ``torch`` elsewhere; ``torch`` / ``fast`` as given.
+
+    Under ``train.compile`` ``auto`` is ``torch``: inductor draws torch's dropout masks inside its fused
+    kernels, while the fast masks (an in-place ``random_`` of a buffer) break the graph at every
+    dropout.
 
     ``fast`` is refused off the CPU: on CUDA torch's fused kernels already draw their masks inside the
     kernel, and the fast path would route attention through an eager, materialised score matrix.
     """
     if setting == "auto":
-        return "fast" if device.type == "cpu" else "torch"
+        return "fast" if device.type == "cpu" and not compiled else "torch"
     if setting == "fast" and device.type != "cpu":
         from bert_mp.errors import HardwareError
 

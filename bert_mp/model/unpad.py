@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bert_mp.model.attention import attention_backends
 from bert_mp.model.buckets import allow_recompiles, sequence_bucket
 
 PREFIX = "bert_mp_unpad_"
@@ -61,6 +62,9 @@ class Unpadded:
     bucketed: bool = False
     """The stream was padded to a bucket (compiled runs): attention keeps the block route, whose
     shapes do not depend on the filler count (the flash route's cu_seqlens would)."""
+    varlen: bool = True
+    """The varlen flash kernel may serve attention where it applies (``model.attention_kernel`` auto or
+    flash); False: the block route through SDPA, under the chosen kernel."""
     _cu_seqlens_int32: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def cu_seqlens_int32(self) -> torch.Tensor:
@@ -221,6 +225,7 @@ def unpad_stream(
     bucket: Any = None,
     pad_token_id: int = 0,
     layout: HostLayout | None = None,
+    varlen: bool = True,
 ) -> tuple[Unpadded, dict[str, torch.Tensor]]:
     """The layout and the stream's ``input_ids``, ``token_type_ids``, ``position_ids`` and ``labels``.
 
@@ -229,7 +234,8 @@ def unpad_stream(
     the sequences padded with empty ones (:func:`pad_sequences`), so that everything after this
     function has one of a few shapes. ``layout``: the batch's
     precomputed layout (:func:`host_layout`), used as it is; without it the layout is computed here
-    (host syncs on CUDA: the sequence lengths and counts are read back).
+    (host syncs on CUDA: the sequence lengths and counts are read back). ``varlen``: see
+    :attr:`Unpadded.varlen`.
     """
     if layout is not None:
         u = layout.unpadded(bucketed=bucket is not None)
@@ -237,6 +243,8 @@ def unpad_stream(
         if attention_mask is None:  # the batch had no padding (the mask was dropped on the host)
             attention_mask = torch.ones_like(input_ids)
         u = bucketed_layout(attention_mask, segment_ids, bucket)
+    if not varlen:
+        u = replace(u, varlen=False)
     fill = u.fillers
 
     def take(x: torch.Tensor, filler: int) -> torch.Tensor:
@@ -336,7 +344,7 @@ def _varlen_attention(base: str):
         u = bert_mp_unpadded
         if u is None:  # a padded call (e.g. an exported model's own forward): the base kernel as is
             return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-        flash = None if u.bucketed else flash_varlen_kernel(query, dropout, base)
+        flash = None if u.bucketed or not u.varlen else flash_varlen_kernel(query, dropout, base)
         if flash is not None:
             return _flash_attention(flash, query, key, value, u, scaling), None
         mask = u.key_mask
@@ -401,8 +409,10 @@ def run_unpadded(
         bucket=getattr(wrapper, "stream_bucket", None),
         pad_token_id=int(bert.config.pad_token_id or 0),
         layout=layout,
+        varlen=getattr(wrapper, "attention_kernel", "auto") in ("auto", "flash"),
     )
-    hidden, pooled = encode_unpadded(bert, stream, u)
+    with attention_backends(getattr(wrapper, "attention_kernel", "auto")):
+        hidden, pooled = encode_unpadded(bert, stream, u)
     return hidden, pooled, stream["labels"]
 
 

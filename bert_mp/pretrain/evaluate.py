@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from bert_mp.model.bert import mark_step
 from bert_mp.pretrain.step import SUM_KEYS
 
 
@@ -32,6 +33,7 @@ def evaluate(model: Any, val_ds: Any, collator: Any, cfg: Any, accelerator: Any,
             row["index"], row["epoch"] = i, 0
             feats.append(row)
         batch = {k: v.to(accelerator.device) for k, v in collator(feats).items()}
+        mark_step()  # CUDA graphs: the last replay's outputs were consumed
         with plan.autocast():
             out = model(**batch)
         sums += weight * torch.stack([out[k].double() for k in SUM_KEYS])

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from bert_mp.core.distributed import backward_kwargs, set_micro_batch_boundary
-from bert_mp.model.bert import drop_full_attention_mask
+from bert_mp.model.bert import drop_full_attention_mask, mark_step
 from bert_mp.pretrain.monitors import LossSums, attention_flops_tokens
 
 SUM_KEYS = tuple(f.name for f in fields(LossSums))
@@ -96,6 +96,7 @@ def forward_backward(
         sync = i == len(micro) - 1
         set_micro_batch_boundary(accelerator, sync)
         with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+            mark_step()  # CUDA graphs: the last replay's outputs were consumed (the sums below copy them)
             with plan.autocast():
                 o = model(**batch)
             # x world: DDP averages gradients over ranks, the normalisers are already global

@@ -55,10 +55,12 @@ from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.step_metrics import DeviceStepMetrics
 from bert_mp.core.training_loop import TrainingLoop
 from bert_mp.errors import DataError
+from bert_mp.model.attention import resolve_attention_kernel
 from bert_mp.model.bert import (
     PretrainingModel,
     build_model,
     check_init_from,
+    compile_counters,
     compile_model,
     drop_full_attention_mask,
     parameter_counts,
@@ -179,7 +181,7 @@ class Trainer(TrainingLoop):
             pad_token_id=int(self.data.tokenizer.pad_token_id or 0),
         )
         model = self.plan.prepare_model(model)  # bf16_pure: bf16 weights; fp8: float8 Linears
-        self.dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, acc.device)
+        self.dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, acc.device, tc.compile != "none")
         if self.dropout_impl == "fast":
             install_fast_dropout(model)
         self.inner, self.counts = model, parameter_counts(model)
@@ -188,13 +190,17 @@ class Trainer(TrainingLoop):
             cfg.model.sparse_mlm_head,
             max_predictions_per_seq=static_mask_cap(cfg.data, acc.device),
             unpad=cfg.model.unpad,
+            attention_kernel=resolve_attention_kernel(cfg.model.attention_kernel, acc.device),
         )
         if tc.compile != "none":
             from bert_mp.model.unpad import prepare_for_compile
 
             prepare_for_compile(wrapped, cfg.data)  # fixed-size gathers, bucketed streams: bounded graphs
+        self.compile_start = compile_counters()  # this run's graphs and breaks: the difference at its end
         # on CPU, inductor's scatter-adds run in a fixed order, so compiled runs resume bit-identically
-        wrapped = compile_model(wrapped, tc.compile, deterministic=acc.device.type == "cpu")
+        wrapped = compile_model(
+            wrapped, tc.compile, deterministic=acc.device.type == "cpu", compile_mode=tc.compile_mode
+        )
         optimizer = build_optimizer(wrapped, tc, acc.device)
         self.scheduler = build_scheduler(optimizer, tc)
         self.scaler = install_scaler(acc, self.plan)
@@ -290,6 +296,7 @@ class Trainer(TrainingLoop):
                 "parameters": self.counts,
                 "dropout_impl": self.dropout_impl,
                 "attn_implementation": inner.config._attn_implementation,
+                "attention_kernel": self.accelerator.unwrap_model(self.model).attention_kernel,
             },
             "batch": {
                 "global": g.global_batch,
@@ -453,9 +460,12 @@ class Trainer(TrainingLoop):
             "tokens_seen": self.state.tokens_seen,
         }
         if self.tc.compile != "none":
-            from bert_mp.model.unpad import compiled_graphs
-
-            extras["compile"] = {"mode": self.tc.compile, "graphs": compiled_graphs()}
+            now = compile_counters()
+            extras["compile"] = {
+                "mode": self.tc.compile,
+                "compile_mode": self.tc.compile_mode,
+                **{k: now[k] - self.compile_start[k] for k in now},
+            }
         return extras
 
     def precision_record(self) -> dict:

@@ -426,6 +426,7 @@ class Sweep:
                     bf16_update=run_cfg.train.bf16_update,
                     fp8_recipe=run_cfg.train.fp8_recipe,
                     fp8_convert_heads=run_cfg.train.fp8_convert_heads,
+                    layernorm=run_cfg.train.layernorm_precision,
                 )
                 result = probe_precision(
                     model, batch, plan, steps=self.cfg.sweep.profile_steps, loop_cfg=run_cfg.train

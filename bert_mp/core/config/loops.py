@@ -10,6 +10,8 @@ from bert_mp.core.config.checks import _check, _check_tracker, _choice, _range
 from bert_mp.core.precision_names import BF16_UPDATES, FP8_RECIPES, PRECISIONS
 
 OPTIMIZERS = ("adamw", "lamb", "sophia", "stable_adamw", "lion")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""torch.compile's modes (``train.compile_mode``)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -37,6 +39,11 @@ class LoopConfig:
     """fp8: torchao float8 scaling recipe: tensorwise | rowwise."""
     fp8_convert_heads: bool = False
     """fp8: also convert the MLM decoder and NSP head (off: they stay at the master precision)."""
+    layernorm_precision: str = "auto"
+    """bf16 / fp16: fp32 (autocast's own LayerNorm: fp32 outputs, so the residual stream between layers
+    is fp32) | autocast (the same fp32 math, each output rounded to the autocast dtype: a 16-bit
+    residual stream, fewer casts and bytes) | auto (the measured choice per device, docs/gpu.md).
+    State-dict keys and the export are the same either way."""
     export_dtype: str = "fp32"
     """Dtype of the exported weights: fp32 (loads anywhere; bf16_pure's bf16 weights are widened) | bf16."""
     optimizer: str = "adamw"
@@ -91,6 +98,14 @@ class LoopConfig:
         _choice(self.fp8_recipe, k + "fp8_recipe", FP8_RECIPES)
         _choice(self.optimizer, k + "optimizer", OPTIMIZERS)
         _choice(self.export_dtype, k + "export_dtype", ("fp32", "bf16"))
+        _choice(self.layernorm_precision, k + "layernorm_precision", ("auto", "fp32", "autocast"))
+        _check(
+            self.layernorm_precision != "autocast" or self.precision in ("bf16", "fp16"),
+            k + "layernorm_precision",
+            f"autocast rounds LayerNorm outputs to autocast's dtype; {k}precision={self.precision} has no "
+            "autocast (use bf16 or fp16, or layernorm_precision=auto)",
+            self.layernorm_precision,
+        )
         _check(self.sophia_rho > 0, k + "sophia_rho", "must be > 0", self.sophia_rho)
         _range(self.sophia_update_period, k + "sophia_update_period", 1)
         _range(self.sophia_hessian_beta, k + "sophia_hessian_beta", 0.0, 1.0)
@@ -158,6 +173,11 @@ class TrainConfig(LoopConfig):
     compile: str = "none"
     """torch.compile: none | model (the whole forward + loss, in place) | layers (each BertLayer, in
     place); static shapes. Checkpoint keys and the export are the same in every mode."""
+    compile_mode: str = "default"
+    """With train.compile: torch.compile's mode: default | reduce-overhead (CUDA graphs over the static
+    batch shapes) | max-autotune (inductor's GEMM / kernel autotuning, plus CUDA graphs; long compile) |
+    max-autotune-no-cudagraphs. On a CPU the CUDA-graph part has no effect. docs/gpu.md has the
+    measured ladder."""
     export: bool = True
     """Write final/ with save_pretrained + tokenizer at the end."""
     parity_reference: Optional[str] = None
@@ -190,6 +210,13 @@ class TrainConfig(LoopConfig):
         _range(self.eval_every, "train.eval_every", 0)
         _range(self.num_workers, "train.num_workers", -1)
         _choice(self.compile, "train.compile", ("none", "model", "layers"))
+        _choice(self.compile_mode, "train.compile_mode", COMPILE_MODES)
+        _check(
+            self.compile != "none" or self.compile_mode == "default",
+            "train.compile_mode",
+            "is torch.compile's mode; it needs train.compile=model or layers",
+            self.compile_mode,
+        )
         _check(
             self.optimizer != "sophia" or self.compile == "none",
             "train.compile",

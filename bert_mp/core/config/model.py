@@ -8,6 +8,7 @@ from typing import Optional
 from bert_mp.core.config.checks import _check, _choice, _range
 
 MODEL_PRESETS = ("tiny", "mini", "small", "medium", "base", "large")
+ATTENTION_KERNELS = ("auto", "cudnn", "flash", "efficient", "math")
 
 
 @dataclass
@@ -38,6 +39,11 @@ class ModelConfig:
     """Attention kernel: sdpa (default; torch's fused kernels) | eager (reference) | flash_attention_2
     (flash-attn package, unpadded varlen kernel; CUDA, bf16/fp16) | flex_attention (torch flex attention,
     padded blocks skipped). Unavailable ones are refused before training starts."""
+    attention_kernel: str = "auto"
+    """Which fused attention kernel SDPA may use: auto (torch's choice; docs/gpu.md has the measured
+    ranking) | cudnn | efficient (memory-efficient) | math (the reference, unfused) | flash (torch's
+    varlen flash kernel on the unpadded stream: needs model.unpad=true, no attention dropout and
+    train.compile=none; a padded batch's mask rules flash out). cudnn and efficient are CUDA kernels."""
     sparse_mlm_head: bool = True
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
     unpad: bool = False
@@ -46,7 +52,8 @@ class ModelConfig:
     padding the data has (docs/training.md). Needs attn_implementation sdpa or eager."""
     dropout_impl: str = "auto"
     """Dropout masks: fast (one 64-bit draw per 4 elements, p rounded to 1/32768; see
-    bert_mp/model/dropout.py; CPU only) | torch (torch's own) | auto (fast on CPU, torch's on GPUs)."""
+    bert_mp/model/dropout.py; CPU only) | torch (torch's own) | auto (fast on an uncompiled CPU run; torch's
+    on GPUs and under train.compile, where inductor fuses it without a graph break)."""
 
     def validate(self) -> None:
         _choice(self.preset, "model.preset", MODEL_PRESETS)
@@ -56,6 +63,23 @@ class ModelConfig:
             ("sdpa", "eager", "flash_attention_2", "flex_attention"),
         )
         _choice(self.dropout_impl, "model.dropout_impl", ("auto", "torch", "fast"))
+        _choice(self.attention_kernel, "model.attention_kernel", ATTENTION_KERNELS)
+        _check(
+            self.attention_kernel == "auto" or self.attn_implementation == "sdpa",
+            "model.attention_kernel",
+            f"chooses among SDPA's kernels; it needs model.attn_implementation=sdpa (got "
+            f"{self.attn_implementation})",
+            self.attention_kernel,
+        )
+        if self.attention_kernel == "flash":
+            _check(
+                self.unpad and self.attention_probs_dropout_prob == 0,
+                "model.attention_kernel",
+                "flash runs torch's varlen flash kernel on the unpadded stream (a padded batch's mask "
+                "rules the flash kernel out, and it has no dropout): add model.unpad=true and "
+                "model.attention_probs_dropout_prob=0, or use auto / cudnn / efficient",
+                self.attention_kernel,
+            )
         if self.unpad:
             _check(
                 self.attn_implementation in ("sdpa", "eager"),

@@ -52,6 +52,14 @@ class Config:
                 "blocking attention between documents needs the unpadded encoder; add model.unpad=true",
                 self.data.mlm_document_attention,
             )
+        if self.model.attention_kernel == "flash":
+            _check(
+                self.train.compile == "none",
+                "model.attention_kernel",
+                "flash (the varlen kernel) takes the unpadded stream as it is; a compiled run buckets "
+                "the stream, which the block route serves: use auto, cudnn or efficient with train.compile",
+                self.model.attention_kernel,
+            )
         if self.model.attn_implementation == "flash_attention_2":
             _check(
                 self.train.precision in ("bf16", "fp16"),

@@ -145,4 +145,5 @@ def test_training_drops_attention_probabilities_at_the_rate():
 def test_resolve():
     assert fd.resolve_dropout_impl("auto", torch.device("cpu")) == "fast"
     assert fd.resolve_dropout_impl("auto", torch.device("cuda")) == "torch"
+    assert fd.resolve_dropout_impl("auto", torch.device("cpu"), compiled=True) == "torch"  # no graph breaks
     assert fd.resolve_dropout_impl("torch", torch.device("cpu")) == "torch"
