@@ -153,12 +153,20 @@ def bench_baseline(data, args, order: np.ndarray, device: torch.device, precisio
 
 
 def bench_bert_mp(
-    data, args, precision: str, out: Path, data_cfg=None, unpad: bool = False, compile_mode: str | None = None
+    data,
+    args,
+    precision: str,
+    out: Path,
+    data_cfg=None,
+    unpad: bool = False,
+    compile_mode: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """``bert_mp.pretrain.trainer.train`` with the same model and batch; throughput from its own metrics.jsonl.
 
     ``data_cfg``: the prepared data's own section (default: synthetic rows of ``--seq``); ``unpad``:
-    ``model.unpad``; ``compile_mode``: ``train.compile`` (default ``--compile``).
+    ``model.unpad``; ``compile_mode``: ``train.compile`` (default ``--compile``); ``extra``: dotted
+    config keys set last (``{"train.compile_mode": "reduce-overhead"}``), as on the command line.
     """
     from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
     from bert_mp.core.io import read_jsonl
@@ -192,6 +200,11 @@ def bench_bert_mp(
         ),
         hardware=HardwareConfig(allow_emulated=args.allow_emulated),
     )
+    for key, value in (extra or {}).items():
+        section, _, name = key.partition(".")
+        if not hasattr(getattr(cfg, section), name):
+            raise SystemExit(f"unknown config key {key}")
+        setattr(getattr(cfg, section), name, value)
     cfg.validate()
     summary = train(cfg, data)
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"][args.warmup :]
@@ -210,6 +223,8 @@ def bench_bert_mp(
         "peak_reserved_bytes": summary.get("memory", {}).get("peak_reserved_bytes"),
         "compile": compile_mode or args.compile,
         "compiled_graphs": (summary.get("compile") or {}).get("graphs"),
+        "graph_breaks": (summary.get("compile") or {}).get("graph_breaks"),
+        "cudagraph_skips": (summary.get("compile") or {}).get("cudagraph_skips"),
         "precision_in_effect": summary["precision"],
     }
 

@@ -52,12 +52,33 @@ SITE = ROOT / ".gpu_site"
 INSTALLED = "INSTALLED.json"
 """Written into SITE by a successful install: a command that finds it skips the install."""
 WHEELS = ROOT / ".wheels"
-PHASES = ("install", "ladder", "paths", "tests", "kernels", "profile", "compile", "sweep", "summary")
+PHASES = (
+    "install",
+    "levers",
+    "large",
+    "ladder",
+    "paths",
+    "tests",
+    "kernels",
+    "profile",
+    "compile",
+    "sweep",
+    "summary",
+)
 DEFAULT_PHASES = ("ladder", "tests")
-COMMANDS = (("ladder", "paths"), ("tests", "kernels", "profile"), ("compile",), ("sweep",))
+COMMANDS = (
+    ("large",),
+    ("sweep",),
+    ("levers",),
+    ("tests", "kernels", "profile"),
+    ("compile",),
+    ("ladder", "paths"),
+)
 """The sequence docs/gpu.md gives: one command each, each on a fresh machine (install is implied)."""
 BUDGETS = {
     "install": 60.0,
+    "levers": 420.0,
+    "large": 420.0,
     "ladder": 240.0,
     "paths": 300.0,
     "tests": 180.0,
@@ -69,6 +90,8 @@ BUDGETS = {
 """Seconds per phase on a GPU machine (each command stays under ``DEADLINE_S``)."""
 BUDGETS_DRY = {
     "install": 60.0,
+    "levers": 150.0,
+    "large": 150.0,
     "ladder": 120.0,
     "paths": 120.0,
     "tests": 120.0,
@@ -292,8 +315,47 @@ def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
         "targets_compiled": check_targets(crow) if crow else None,
         "kernel_check": (phases.get("kernels") or {}).get("kernels") or ladder.get("kernels"),
         "profile": profile_rows((phases.get("profile") or {}).get("profile")),
+        "levers": levers_rows((phases.get("levers") or {}).get("levers")),
+        "levers_profile": ((phases.get("levers") or {}).get("levers") or {})
+        .get("profile", {})
+        .get("share_of_step"),
+        "attention": _attention_fastest(((phases.get("levers") or {}).get("levers") or {}).get("attention")),
+        "large": _large_summary((phases.get("large") or {}).get("large")),
         "sweep": (phases.get("sweep") or {}).get("verdicts"),
         "sweep_runs": (phases.get("sweep") or {}).get("runs"),
+    }
+
+
+def _attention_fastest(att: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Per dropout: each kernel's forward + backward ms (or why it does not run) and the fastest."""
+    if not att:
+        return None
+    out = {}
+    for key, res in att.items():
+        if key.startswith("dropout_"):
+            out[key] = {
+                k: (v.get("fwd_bwd_ms") if isinstance(v, dict) and "fwd_bwd_ms" in v else v)
+                for k, v in res.items()
+                if k != "fastest" and isinstance(v, dict)
+            }
+            out[key]["fastest"] = res.get("fastest")
+    return out
+
+
+def _large_summary(large: dict[str, Any] | None) -> dict[str, Any] | None:
+    sec = (large or {}).get("large")
+    if not sec:
+        return None
+    verdict = ((sec.get("parity") or {}).get("verdict") or {}).get("status")
+    speed = {
+        p: {k: r.get(k) for k in ("tokens_per_sec", "mfu", "step_ms", "error")}
+        for p, r in (sec.get("speed") or {}).items()
+    }
+    return {
+        "setup": sec.get("setup"),
+        "speed": speed,
+        "fp8_speedup": sec.get("fp8_speedup"),
+        "fp8_parity": verdict,
     }
 
 
@@ -388,6 +450,31 @@ def summary_markdown(s: dict[str, Any]) -> str:
                 f"{_fmt(r['kernel_ms_per_step'], digits=1)} ms of kernels a step "
                 f"({_fmt(r.get('busy_fraction'), pct=True)} of the step): {top or 'no kernels recorded'}"
             )
+    if s.get("levers"):
+        lines += [
+            "",
+            "## Lever ladder (bf16; cumulative; tokens/s and MFU as bert-mp train logs them)",
+            "",
+            "| lever | tokens/s | step ms | MFU | x previous | graphs | graph breaks | cudagraph skips |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in s["levers"]:
+            if r.get("error"):
+                lines.append(f"| {r['lever']} | failed: {r['error'][:120]} | | | | | | |")
+                continue
+            lines.append(
+                f"| {r['lever']}{' (recipe)' if r.get('recipe_change') else ''} | {_fmt(r['tokens_per_sec'], digits=0)} | "
+                f"{_fmt(r['step_ms'], digits=1)} | {_fmt(r['mfu'], pct=True)} | "
+                f"{_fmt(r.get('x_previous') or r.get('x_best'))} | {_fmt(r['compiled_graphs'])} | "
+                f"{_fmt(r['graph_breaks'])} | {_fmt(r['cudagraph_skips'])} |"
+            )
+        if s.get("levers_profile"):
+            shares = ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in s["levers_profile"].items())
+            lines += ["", f"Best row's step by kernel class: {shares}."]
+        for key, res in (s.get("attention") or {}).items():
+            lines.append(f"- attention {key}: fastest {res.get('fastest')}: {res}")
+    if s.get("large"):
+        lines += ["", f"## BERT-large packed: {s['large']}"]
     if s.get("sweep"):
         lines += ["", "## Sweep parity verdicts", ""]
         for name, v in s["sweep"].items():
@@ -608,6 +695,79 @@ def phase_ladder(args: argparse.Namespace) -> dict[str, Any]:
 
 def phase_compile(args: argparse.Namespace) -> dict[str, Any]:
     return _bench(args, "model", "compile")
+
+
+LEVERS_RUN = ["--levers", "compile,cuda_graphs,bf16_norms", "--attention", "--profile"]
+LEVERS_RUN += ["--extra-levers", "no_dropout,unpad"]
+"""The lever ladder (cumulative), SDPA's kernels timed, the best row profiled, then each extra lever on
+top of the best row (after the profile: a cut loses those first). Measured on an H200 (2026-11-28):
+``compile,bf16_norms,cuda_graphs,unpad`` then ``no_dropout,max_autotune`` took more than 460 s
+(max-autotune's GEMM autotuning was cut); bf16 norms now come after CUDA graphs, so the graphs are
+compared with the plain compiled row and the norms with the graphed one."""
+
+
+def phase_levers(args: argparse.Namespace) -> dict[str, Any]:
+    """scripts/bench_levers.py: BERT-base seq 128 bf16 on the built-in corpus, eager padded then each
+    lever on top; each row written when measured."""
+    if args.dry_run:
+        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "8", "--steps", "2", "--warmup", "1"]
+        size += ["--heads", "2", "--attention-reps", "2", "--profile-steps", "2", "--profile-warmup", "1"]
+    else:
+        size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
+        size += ["--steps", "20", "--warmup", "5"]
+    return _run_levers(args, "levers", [*size, *LEVERS_RUN])
+
+
+def phase_large(args: argparse.Namespace) -> dict[str, Any]:
+    """scripts/bench_levers.py --large: BERT-large seq 512 on packed rows, bf16 vs fp8 (torchao float8),
+    then 200 steps each of bf16 (two seeds) and fp8, and fp8's parity verdict against bf16."""
+    size = ["--no-ladder", "--large", "--steps", "20", "--warmup", "5"]
+    if args.dry_run:
+        size = ["--no-ladder", "--large", "--steps", "1", "--warmup", "1", "--large-preset", "tiny"]
+        size += ["--large-seq", "64", "--large-micro-batch", "4", "--large-steps", "4", "--allow-emulated"]
+    return _run_levers(args, "large", size)
+
+
+def _run_levers(args: argparse.Namespace, name: str, bench_args: list[str]) -> dict[str, Any]:
+    out = STATE / f"bench_{name}.json"
+    out.unlink(missing_ok=True)
+    env = _env()
+    if args.dry_run:
+        env["TORCH_COMPILE_DISABLE"] = "1"  # the plumbing, not inductor on 2 cores
+    rc, tail = _run(
+        [sys.executable, "scripts/bench_levers.py", *bench_args, "--out", str(out)],
+        args.budget,
+        STATE / f"bench_{name}.log",
+        tick=lambda: args.progress({name: _read_json(out)}),
+        env=env,
+    )
+    return {"status": _status(rc), "rc": rc, name: _read_json(out), "tail": tail if rc else tail[-800:]}
+
+
+def levers_rows(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The ladder's rows, then the extra rows, as the summary shows them."""
+    rows = []
+    for r in [*((report or {}).get("ladder") or []), *((report or {}).get("extra") or [])]:
+        rows.append(
+            {
+                k: r.get(k)
+                for k in (
+                    "lever",
+                    "tokens_per_sec",
+                    "step_ms",
+                    "mfu",
+                    "x_previous",
+                    "x_best",
+                    "peak_memory_bytes",
+                    "compiled_graphs",
+                    "graph_breaks",
+                    "cudagraph_skips",
+                    "recipe_change",
+                    "error",
+                )
+            }
+        )
+    return rows
 
 
 PATHS_RUN = "padded,unpad,unpad+compile"
@@ -897,6 +1057,8 @@ RUNNERS = {
     "tests": phase_tests,
     "kernels": phase_kernels,
     "profile": phase_profile,
+    "levers": phase_levers,
+    "large": phase_large,
     "compile": phase_compile,
     "sweep": phase_sweep,
 }
@@ -953,7 +1115,8 @@ class Publisher:
             res = loaded.get(name) or {}
             for test, text in (res.get("failures") or {}).items():
                 parts.append(f"\n===== FAILED {test} =====\n{text}")
-            child = STATE / f"{'bench_' + name if name in ('ladder', 'compile', 'paths') else name}.log"
+            bench = ("ladder", "compile", "paths", "levers", "large")
+            child = STATE / f"{'bench_' + name if name in bench else name}.log"
             if res.get("status") not in (None, "ok", "running") and child.exists():
                 text = child.read_text(errors="replace")
                 parts.append(f"\n===== {name}: {res.get('status')}, {child.name} =====\n{text[-LOG_CAP:]}")

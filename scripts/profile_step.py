@@ -52,8 +52,10 @@ def group(name: str) -> str:
     return "other"
 
 
-def profile_path(data, args, path: str, out: Path) -> dict:
-    """One ``--paths`` entry (``PATH`` or ``PATH:PRECISION``) profiled over its timed steps."""
+def profile_path(data, args, path: str, out: Path, extra: dict | None = None, data_cfg=None) -> dict:
+    """One ``--paths`` entry (``PATH`` or ``PATH:PRECISION``) profiled over its timed steps; ``extra``:
+    dotted config keys on top (as ``bench_bert_mp`` takes them), ``data_cfg``: a prepared corpus's
+    data section (default: the synthetic rows)."""
     from bench_train import bench_bert_mp
 
     run_name = path.replace(":", "_")
@@ -95,7 +97,16 @@ def profile_path(data, args, path: str, out: Path) -> dict:
     t0 = time.perf_counter()
     try:
         with prof:
-            res = bench_bert_mp(data, args, precision, out / run_name, unpad=unpad, compile_mode=compile_mode)
+            res = bench_bert_mp(
+                data,
+                args,
+                precision,
+                out / run_name,
+                data_cfg=data_cfg,
+                unpad=unpad,
+                compile_mode=compile_mode,
+                extra=extra,
+            )
     finally:
         loop.optimizer_step = step
     wall = time.perf_counter() - t0

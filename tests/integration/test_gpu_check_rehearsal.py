@@ -46,17 +46,27 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
         files = sorted(p.name for p in (out / f"command_{i}").iterdir())
         assert len(files) <= gpu_check.MAX_OUT_FILES, files
         assert {"summary.json", "summary.md", "gpu_check.log", *(f"{p}.json" for p in phases)} <= set(files)
-    s1 = json.loads((out / "command_1" / "summary.json").read_text())
-    assert s1["dry_run"] and [r["run"] for r in s1["ladder"]][:2] == ["baseline_hf_fp32", "baseline_hf_bf16"]
-    paths = {r["run"] for r in s1["paths"] if r["tokens_per_sec"]}
-    assert {"baseline_hf_fp32", "padded", "unpad", "unpad+compile"} <= paths, s1["paths"]
-    s2 = json.loads((out / "command_2" / "summary.json").read_text())
-    assert s2["tests"]["failed"] == 0 and s2["tests"]["passed"] == 2
-    assert s2["kernel_check"]["fp32"]["verdict"]
-    assert [r["path"] for r in s2["profile"]] == gpu_check.PROFILE_PATHS.split(",")
-    assert all(r["tokens_per_sec"] > 0 and r["shares"] for r in s2["profile"])  # CPU: op self time
-    s3 = json.loads((out / "command_3" / "summary.json").read_text())
-    assert s3["ladder_compiled"]
-    s4 = json.loads((out / "command_4" / "summary.json").read_text())
-    runs = s4["sweep_runs"]
+    by_phase = {}
+    for i, phases in enumerate(gpu_check.COMMANDS, 1):
+        summary = json.loads((out / f"command_{i}" / "summary.json").read_text())
+        by_phase.update({p: summary for p in phases})
+    s = by_phase["levers"]
+    levers = [r["lever"] for r in s["levers"]]
+    assert s["dry_run"] and levers[:4] == ["eager", "compile", "cuda_graphs", "bf16_norms"], levers
+    assert len(levers) == 6 and all(r["tokens_per_sec"] > 0 for r in s["levers"]), s["levers"]
+    assert s["levers_profile"] and s["attention"]["dropout_0"]["fastest"]
+    s = by_phase["large"]
+    assert all(s["large"]["speed"][p]["tokens_per_sec"] > 0 for p in ("bf16", "fp8")), s["large"]
+    assert s["large"]["fp8_parity"] in ("pass", "warn", "fail")
+    s = by_phase["ladder"]
+    assert [r["run"] for r in s["ladder"]][:2] == ["baseline_hf_fp32", "baseline_hf_bf16"]
+    paths = {r["run"] for r in s["paths"] if r["tokens_per_sec"]}
+    assert {"baseline_hf_fp32", "padded", "unpad", "unpad+compile"} <= paths, s["paths"]
+    s = by_phase["tests"]
+    assert s["tests"]["failed"] == 0 and s["tests"]["passed"] == 2
+    assert s["kernel_check"]["fp32"]["verdict"]
+    assert [r["path"] for r in s["profile"]] == gpu_check.PROFILE_PATHS.split(",")
+    assert all(r["tokens_per_sec"] > 0 and r["shares"] for r in s["profile"])  # CPU: op self time
+    assert by_phase["compile"]["ladder_compiled"]
+    runs = by_phase["sweep"]["sweep_runs"]
     assert runs and all(r["status"] == "completed" and r["eval_mlm_loss"] > 0 for r in runs.values())
