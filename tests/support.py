@@ -658,3 +658,43 @@ def wait_held(proc: subprocess.Popen, ready: Path, timeout: float = 300.0) -> No
             continue
         out, err = proc.communicate()
         raise AssertionError(f"exited {proc.returncode} before its hold point:\n{out!s:.3000}\n{err!s:.3000}")
+
+
+def launch_config(
+    cfg: Config,
+    data_root: Path,
+    processes: int,
+    *,
+    options: tuple[str, ...] = (),
+    stop_at: int | None = None,
+    codes: tuple[int, ...] = (0,),
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Train ``cfg`` on the fixture at ``data_root`` under ``accelerate launch`` with ``processes``
+    processes (gloo; ``options``: further launch options, e.g. ``--config_file``), in a fresh launcher
+    with its own rendezvous port; ``stop_at``: stop (and save) after that step. Asserts that the
+    launcher exits with one of ``codes``."""
+    from bert_mp.core.config import save_config
+    from bert_mp.core.launch import accelerate_launch
+
+    cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
+    save_config(cfg, cfg_path)
+    script = cfg_path.with_suffix(".py")
+    script.write_text(fresh_process_main() + "\n")
+    cmd = [
+        *accelerate_launch(processes, cuda=False, extra=list(options), port=free_port()),
+        str(script),
+        str(cfg_path),
+        str(data_root),
+        *([str(stop_at)] if stop_at is not None else []),
+    ]
+    full_env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        **(env or {}),
+    }
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in codes, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc

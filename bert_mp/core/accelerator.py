@@ -18,9 +18,12 @@ def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
     """
     from accelerate import PartialState
 
+    from bert_mp.core.strategy import launch_request, state_options
+
     # Without CUDA, say so explicitly: Accelerate then sets up gloo when launched with several
-    # processes instead of silently running each of them as a world of one.
-    device = PartialState(cpu=not torch.cuda.is_available()).device
+    # processes instead of silently running each of them as a world of one (DeepSpeed: gloo through
+    # DeepSpeed's CPU accelerator, which cpu=True would drop).
+    device = PartialState(**state_options(launch_request(), torch.cuda.is_available())).device
     return resolve_precision(
         cfg.precision,
         device,
@@ -45,12 +48,13 @@ def build_accelerator(
     from accelerate.utils import ProjectConfiguration
 
     from bert_mp.core.distributed import accelerate_mixed_precision
+    from bert_mp.core.strategy import launch_request, state_options
 
     out = Path(output_dir)
-    cpu = not torch.cuda.is_available()
-    distributed_type = str(PartialState(cpu=cpu).distributed_type)
+    options = state_options(launch_request(), torch.cuda.is_available())
+    distributed_type = str(PartialState(**options).distributed_type)
     accelerator = Accelerator(
-        cpu=cpu,
+        cpu=options["cpu"],
         # under DeepSpeed "no": the loop autocasts over fp32 weights (DeepSpeed's bf16 means bf16 weights)
         mixed_precision=accelerate_mixed_precision(plan, distributed_type, key),
         log_with=list(log_with) or None,

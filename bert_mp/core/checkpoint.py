@@ -314,8 +314,15 @@ def export_pretrained(
     gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native. A failing
     write removes the partial folder and raises :class:`bert_mp.errors.StorageError`.
     """
+    from bert_mp.core.sharding import full_model_state, is_sharded, without_aliases
+
     out_dir = Path(out_dir)
-    state = accelerator.get_state_dict(wrapped)
+    # bert_mp's FSDP2 wrap (CPU): its own gather of the shards; engines through Accelerate: Accelerate's
+    # (DeepSpeed's gathered copy unties the tied decoder weight: it is written once, as without an engine)
+    if is_sharded(wrapped):
+        state = full_model_state(wrapped)
+    else:
+        state = without_aliases(accelerator.get_state_dict(wrapped), accelerator.unwrap_model(wrapped))
     inner = accelerator.unwrap_model(wrapped).model
     if accelerator.is_main_process:
         hf_state = {k.removeprefix("model."): _as_dtype(v, dtype) for k, v in state.items()}

@@ -247,6 +247,7 @@ class Conditions:
 def startup_line(
     command: str,
     *,
+    strategy: str = "",
     processes: int,
     threads: ThreadChoice,
     accumulation: int,
@@ -255,6 +256,7 @@ def startup_line(
 ) -> str:
     """The one line a training command starts with: processes, threads, accumulation, precision, device."""
     procs = f"{processes} process{'es' if processes != 1 else ''}"
+    device += f", strategy {strategy}" if strategy else ""  # the distributed strategy in force
     return (
         f"bert-mp {command}: {procs} x {threads.threads} thread{'s' if threads.threads != 1 else ''} "
         f"({threads.source}), accumulation {accumulation}, precision {precision}, device {device}"
@@ -286,14 +288,17 @@ def device_label(device: Any) -> str:
     return f"{device} ({cpu_model()})"
 
 
-def announce_start(accelerator: Any, command: str, accumulation: int, plan: Any) -> Conditions:
-    """Record the conditions at the start of a run; on the main process print the start-up line and
-    warn when the machine is already loaded."""
+def announce_start(
+    accelerator: Any, command: str, accumulation: int, plan: Any, strategy: str = ""
+) -> Conditions:
+    """Record the conditions at the start of a run; on the main process print the start-up line (with
+    ``strategy``, the distributed strategy in force) and warn when the machine is already loaded."""
     cond = Conditions.at_start(accelerator.num_processes)
     if accelerator.is_main_process:
         precision = plan.name + (" (emulated)" if getattr(plan, "emulated", False) else "")
         line = startup_line(
             command,
+            strategy=strategy,
             processes=accelerator.num_processes,
             threads=ThreadChoice(cond.threads, cond.threads_source),
             accumulation=accumulation,

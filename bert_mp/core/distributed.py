@@ -58,6 +58,9 @@ def deepspeed_config(
             "contiguous_gradients": True,
             "reduce_scatter": True,
         },
+        # the loop's own torch optimizer (AdamW, ...): its update is elementwise, so ZeRO's partitions of
+        # its state update alike; DeepSpeed refuses an optimizer it did not build without this
+        "zero_allow_untested_optimizer": True,
         # 16-bit *weights* off: bf16 is the loop's autocast over fp32 weights (fp32 master copy)
         "bf16": {"enabled": False},
         "fp16": {"enabled": False},
@@ -149,6 +152,16 @@ def configure_fsdp(accelerator: Any) -> None:
     16-bit math), instead of Accelerate's bf16/fp16 ``param_dtype`` / ``reduce_dtype``."""
     if uses_fsdp(accelerator):
         accelerator.state.fsdp_plugin.set_mixed_precision(torch.float32, override=True)
+
+
+def engine_grad_norm(accelerator: Any) -> Any:
+    """The gradient norm DeepSpeed's engine measured (before clipping) in the step it just took inside
+    ``backward``; None without DeepSpeed or where the engine did not measure one."""
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    if not uses_deepspeed(accelerator) or wrapped is None:
+        return None
+    norm = wrapped.engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
 
 
 def set_micro_batch_boundary(accelerator: Any, last: bool) -> None:

@@ -209,6 +209,12 @@ def optimizer_step(
     unscale_gradients(accelerator, optimizer)
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = accelerator.clip_grad_norm_(parameters, max_norm)
+    if hasattr(grad_norm, "full_tensor"):  # sharded gradients (FSDP2): the norm over every shard
+        grad_norm = grad_norm.full_tensor()
+    if grad_norm is None:  # DeepSpeed clips inside its step, which ran in the backward
+        from bert_mp.core.distributed import engine_grad_norm
+
+        grad_norm = engine_grad_norm(accelerator)
     # The scale is compared on the device and read back once (``get_scale()`` twice would be two syncs).
     scale_before = _scale_tensor(scaler)
     optimizer.step()

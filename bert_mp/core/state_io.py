@@ -15,7 +15,8 @@ state dict; a tied weight stored once, as Accelerate does), ``optimizer.safetens
 
 Under DeepSpeed and FSDP the model and optimizer shards are the engine's own files, saved and loaded
 by the engine through Accelerate's helpers (docs/reliability.md says what that trusts); the rest is
-written here as above. Checkpoints from before this layout (``optimizer.bin``, ``*.pkl``,
+written here as above. Under bert_mp's own FSDP2 wrap (CPU launches) they are safetensors shards
+written by ``torch.distributed.checkpoint`` (:mod:`bert_mp.core.sharding`), pickle-free as well. Checkpoints from before this layout (``optimizer.bin``, ``*.pkl``,
 ``scaler.pt``) are read with ``torch.load(weights_only=True)`` and only the NumPy types an RNG state
 needs allowed (:func:`read_state` with ``legacy=True``).
 """
@@ -70,6 +71,7 @@ for _name, _code in (
 
 
 def _nbytes(t: torch.Tensor) -> int:
+    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this process's shard
     return t.numel() * t.element_size()
 
 
@@ -203,6 +205,7 @@ def load_tree(path: str | Path) -> Any:
 # the model: a tied weight stored once
 # --------------------------------------------------------------------------------------------------
 def _alias_key(t: torch.Tensor) -> tuple:
+    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this process's shard
     return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
 
 
@@ -287,12 +290,17 @@ def rng_file(rank: int) -> str:
 
 
 def engine(accelerator: Any) -> str | None:
-    """``deepspeed`` / ``fsdp`` when a sharded engine owns the model and optimizer, else None."""
+    """``deepspeed`` / ``fsdp`` when a sharded engine owns the model and optimizer, ``fully_shard`` for
+    bert_mp's own FSDP2 wrap (CPU launches), else None."""
+    from bert_mp.core.sharding import is_sharded
+
     kind = str(getattr(accelerator, "distributed_type", "")).upper()
     if kind.endswith("DEEPSPEED"):
         return "deepspeed"
     if kind.endswith("FSDP"):
         return "fsdp"
+    if any(is_sharded(m) for m in getattr(accelerator, "_models", ())):
+        return "fully_shard"
     return None
 
 
@@ -306,7 +314,13 @@ def write_state(accelerator: Any, folder: Path) -> dict[str, dict]:
     files it hashed while writing (collective under DeepSpeed/FSDP: every rank calls it)."""
     folder, entries = Path(folder), {}
     eng = engine(accelerator)
-    if eng:
+    if eng == "fully_shard":
+        from bert_mp.core.sharding import GROUPS_FILE, save_sharded
+
+        groups = save_sharded(accelerator._models[0], accelerator._optimizers[0], folder)
+        if accelerator.is_main_process:
+            entries[GROUPS_FILE] = save_tree(folder / GROUPS_FILE, groups)
+    elif eng:
         _engine_io(accelerator, folder, eng, save=True)
     if accelerator.is_main_process:
         if not eng:
@@ -358,9 +372,18 @@ def read_state(accelerator: Any, folder: Path, files: set[str], legacy: bool = F
     folder = Path(folder)
     load = _load_legacy if legacy else load_tree
     eng = engine(accelerator)
-    if eng:
+    if eng == "fully_shard":
+        _read_sharded(accelerator, folder)
+    elif eng:
         _engine_io(accelerator, folder, eng, save=False)
     else:
+        from bert_mp.core.sharding import SHARDED_DIR
+
+        if (folder / SHARDED_DIR).is_dir():
+            raise StateFileError(
+                "it holds FSDP shards (sharded/): resume it under an FSDP launch "
+                "(--config_file configs/accelerate/fsdp.yaml), or export it with bert-mp export"
+            )
         for i, model in enumerate(accelerator._models):
             load_model(accelerator.unwrap_model(model), folder / _indexed("model", i))
         for i, opt in enumerate(accelerator._optimizers):
@@ -385,6 +408,24 @@ def read_state(accelerator: Any, folder: Path, files: set[str], legacy: bool = F
             BertMPWarning,
             stacklevel=2,
         )
+
+
+def _read_sharded(accelerator: Any, folder: Path) -> None:
+    """The model and optimizer of bert_mp's FSDP2 wrap, from the checkpoint's ``sharded/`` folder."""
+    from bert_mp.core.sharding import GROUPS_FILE, SHARDED_DIR, load_sharded
+
+    if not (folder / SHARDED_DIR).is_dir():
+        raise StateFileError(
+            "it holds a whole model (model.safetensors), not shards: resume it under the launch that wrote "
+            "it (without FSDP), or start this run afresh"
+        )
+    try:
+        groups = load_tree(folder / GROUPS_FILE)
+        load_sharded(accelerator._models[0], accelerator._optimizers[0], folder, groups)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AssertionError) as e:
+        raise StateFileError(
+            f"the sharded model and optimizer do not fit this run ({_first_line(e)})"
+        ) from None
 
 
 def _read_custom(accelerator: Any, folder: Path, files: set[str], load: Any, legacy: bool) -> None:

@@ -227,6 +227,7 @@ class TrainingLoop(abc.ABC):
             "steps": s.step,
             "skipped_steps": s.skipped_steps,
             "stop_reason": s.stop_reason,
+            "strategy": self.strategy.to_dict() if getattr(self, "strategy", None) else None,
             "precision": self.precision_record(),
             "versions": library_versions(),
             "conditions": self.conditions.at_end(),

@@ -41,6 +41,7 @@ from bert_mp.core.run_guard import check_output_dir
 from bert_mp.core.runlog import RunLog
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
+from bert_mp.core.strategy import resolve_strategy
 from bert_mp.core.training_loop import TrainingLoop
 from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
@@ -150,7 +151,12 @@ class FineTuner(TrainingLoop):
                 f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
             )
         self.plan = resolve_plan(ft, self.cfg.hardware.allow_emulated)
-        self.conditions = announce_start(PartialState(), "finetune", 1, self.plan)  # before the data work
+        self.strategy = resolve_strategy(
+            PartialState(), ft, "finetune"
+        )  # one line if the launch cannot give it
+        self.conditions = announce_start(  # before the data work
+            PartialState(), "finetune", 1, self.plan, strategy=self.strategy.label()
+        )
         self.load_task()
         model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
         self.tokenize()

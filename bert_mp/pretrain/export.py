@@ -185,9 +185,18 @@ def evaluation_at(run: Path, step: int) -> tuple[dict | None, int | None]:
 
 
 def _checkpoint_model(folder: Path, model: Any) -> Any:
-    """``model`` with the weights of a verified checkpoint's ``model.safetensors`` (keys HF-native)."""
+    """``model`` with the weights of a verified checkpoint's ``model.safetensors`` (keys HF-native), or
+    of its FSDP shards (``sharded/``, gathered in this process)."""
+    from bert_mp.core.sharding import SHARDED_DIR, read_model
     from bert_mp.core.state_io import StateFileError, read_safetensors
 
+    if (folder / SHARDED_DIR).is_dir():
+        try:
+            read_model(folder, model, prefix="model.")  # the run's model was PretrainingModel(model)
+        except (KeyError, ValueError, RuntimeError, AssertionError) as e:
+            raise ConfigError(f"{folder}: the shards do not fit the run's model ({str(e)[:200]})") from None
+        model.tie_weights()
+        return model
     try:
         tensors, _ = read_safetensors(folder / "model.safetensors")
     except StateFileError as e:

@@ -53,6 +53,7 @@ from bert_mp.core.precision import install_scaler
 from bert_mp.core.runlog import RunLog, clean
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.step_metrics import DeviceStepMetrics
+from bert_mp.core.strategy import Strategy, prepare_parts, resolve_strategy, shard
 from bert_mp.core.training_loop import TrainingLoop
 from bert_mp.errors import DataError
 from bert_mp.model.attention import resolve_attention_kernel
@@ -115,6 +116,8 @@ class Trainer(TrainingLoop):
     dropout_impl: str
     inner: Any
     """The unwrapped ``BertForPreTraining`` (its config and parameter counts)."""
+    strategy: Strategy
+    """The distributed strategy in force (start-up line, summary.json)."""
     counts: dict[str, int]
     sync_each_step: bool
     """Read the step's totals every step (``train.metrics_sync``) rather than at log points."""
@@ -149,7 +152,11 @@ class Trainer(TrainingLoop):
             "train.global_batch_size",
             "train.micro_batch_size",
         )
-        self.conditions = announce_start(self.accelerator, "train", self.geometry.accumulation, self.plan)
+        # before any work: a strategy the launch cannot give is one line
+        self.strategy = resolve_strategy(self.accelerator, tc, "train")
+        self.conditions = announce_start(
+            self.accelerator, "train", self.geometry.accumulation, self.plan, strategy=self.strategy.label()
+        )
         self.load_data()
         self.log = RunLog(self.accelerator, self.cfg, tc, tc.log_with)
         self.build_parts()
@@ -201,12 +208,14 @@ class Trainer(TrainingLoop):
         wrapped = compile_model(
             wrapped, tc.compile, deterministic=acc.device.type == "cpu", compile_mode=tc.compile_mode
         )
+        # FSDP on a CPU launch: bert_mp's fully_shard, before the optimizer sees the parameters
+        wrapped = shard(self.strategy, wrapped)
         optimizer = build_optimizer(wrapped, tc, acc.device)
         self.scheduler = build_scheduler(optimizer, tc)
         self.scaler = install_scaler(acc, self.plan)
         configure_deepspeed(acc, cfg, self.geometry.accumulation)  # explicit batch sizes, fp32 weights
         configure_fsdp(acc)  # fp32 sharded parameters and reductions, autocast for 16-bit math
-        self.model, self.optimizer = acc.prepare(wrapped, optimizer)
+        self.model, self.optimizer = prepare_parts(acc, wrapped, optimizer)
         self.hessian = HessianEstimator.for_optimizer(self.optimizer, tc)  # sophia only
         # The scheduler is stepped by hand (only after a real optimizer step, once per global batch),
         # so it is not prepared - only registered for checkpointing.

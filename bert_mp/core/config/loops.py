@@ -12,6 +12,7 @@ from bert_mp.core.precision_names import BF16_UPDATES, FP8_RECIPES, PRECISIONS
 OPTIMIZERS = ("adamw", "lamb", "sophia", "stable_adamw", "lion")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """torch.compile's modes (``train.compile_mode``)."""
+STRATEGIES = ("auto", "single", "ddp", "fsdp", "deepspeed")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,9 +91,15 @@ class LoopConfig:
     removed first). Off: such a folder is an error unless the run resumes."""
     progress_bar: bool = True
     """Show a tqdm progress bar on the main process."""
+    strategy: str = "auto"
+    """The distributed strategy the run must get: auto (whatever the launch gives: one process, DDP,
+    FSDP or DeepSpeed from the accelerate config) | single | ddp | fsdp | deepspeed. Anything but auto
+    stops the run before any work, naming this key, when the launch gives another. The strategy in
+    force is always said in the start-up line and recorded in summary.json (``strategy``)."""
 
     def validate(self) -> None:
         k = f"{self.SECTION}."
+        _choice(self.strategy, k + "strategy", STRATEGIES)
         _choice(self.precision, k + "precision", PRECISIONS)
         _choice(self.bf16_update, k + "bf16_update", BF16_UPDATES)
         _choice(self.fp8_recipe, k + "fp8_recipe", FP8_RECIPES)
