@@ -87,8 +87,13 @@ a loaded machine, short: the run then ends without its checkpoint and summary)."
 def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The launcher's environment: ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` set to
     :data:`SHUTDOWN_TIMEOUT_S` unless the user set it."""
+    import os
+
+    from bert_mp.core.machines import LAUNCHER_PID_ENV
+
     env = dict(environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # where a stop that reached another machine is passed on
     return env
 
 
@@ -141,7 +146,13 @@ def command(argv: Sequence[str]) -> int:
         return 0
     import torch
 
+    from bert_mp.core.machines import machines_of, meet, pop_join_timeout
+
     options, cmd, args = split_launch_args(argv)
+    join_timeout, options = pop_join_timeout(options)
+    machines = machines_of(options)
+    if machines is not None:  # every machine present, or one line: before the launcher's rendezvous
+        meet(machines, join_timeout)
     return run_launcher(launch_argv(options, cmd, args, cuda=torch.cuda.is_available()))
 
 

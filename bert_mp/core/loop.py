@@ -102,6 +102,23 @@ def stop_on_signals(state: LoopState) -> Iterator[None]:
             signal.signal(s, h)
 
 
+_FLAG_OF = {"SIGINT": 1.0, "SIGTERM": 1024.0}
+"""A rank's stop flag per signal: the all-reduced sum still tells which signal any rank got (SIGTERM
+wins) for up to 1023 ranks, so every rank records the signal that stopped the run."""
+
+
+def signal_flag(pending_signal: str | None) -> float:
+    """This rank's contribution to the step's all-reduced stop flag (0: no signal here)."""
+    return _FLAG_OF.get(pending_signal or "", 1.0 if pending_signal else 0.0)
+
+
+def flag_signal(total: float) -> str | None:
+    """The signal an all-reduced stop flag says some rank got (None: none, or not known)."""
+    if total >= _FLAG_OF["SIGTERM"]:
+        return "SIGTERM"
+    return "SIGINT" if total >= _FLAG_OF["SIGINT"] else None
+
+
 STOP_EXIT_CODES = {"signal SIGINT": 130, "signal SIGTERM": 143}
 """Exit codes of a run stopped by a signal (128 + signal number, as a shell reports it)."""
 STOPPED_EXIT_CODE = 3

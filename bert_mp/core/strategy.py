@@ -89,8 +89,9 @@ def state_options(request: Request, cuda: bool) -> dict[str, Any]:
     machine without CUDA, the gloo backend (Accelerate's ``cpu=True`` would drop DeepSpeed)."""
     if cuda:
         return {"cpu": False}
+    # DeepSpeed's CPU accelerator named, not guessed (its guess warns on stdout wherever it is imported)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if request.engine == "deepspeed" and deepspeed_installed():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, named, not guessed
         return {"cpu": False, "backend": "gloo"}
     return {"cpu": True}
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bert_mp.core.hold import hold
-from bert_mp.core.loop import LoopState, stop_on_signals
+from bert_mp.core.loop import LoopState, flag_signal, stop_on_signals
+from bert_mp.core.machines import relay_stop
 from bert_mp.core.optim import optimizer_step
 from bert_mp.core.precision import library_versions
 from bert_mp.core.run_guard import announce_resume
@@ -183,17 +184,19 @@ class TrainingLoop(abc.ABC):
             self.accelerator, self.optimizer, self.model.parameters(), self.section.max_grad_norm, self.scaler
         )
         if stop:  # decided from the all-reduced flag, so every rank stops at this step
-            self.stop_for_signal()
+            self.stop_for_signal(float(stop))
         self.guard.after_step(skipped, s, self.save)
         if not skipped:
             self.scheduler.step()
             s.step += 1
         return lr, grad_norm, skipped
 
-    def stop_for_signal(self) -> None:
-        """End the run after this step: a signal arrived here, or (the all-reduced flag) on another rank."""
+    def stop_for_signal(self, flag: float = 0.0) -> None:
+        """End the run after this step: a signal arrived here, or (the all-reduced ``flag``, which names
+        it: :func:`bert_mp.core.loop.flag_signal`) on another rank."""
         s = self.state
-        s.stop_reason = s.stop_reason or f"signal {s.pending_signal or 'on another rank'}"
+        name = s.pending_signal or flag_signal(flag) or "on another rank"
+        s.stop_reason = s.stop_reason or f"signal {name}"
 
     # ---- save and end ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -215,7 +218,10 @@ class TrainingLoop(abc.ABC):
         self.log.close_bar()
         if self.state.stop_reason:
             self.save()
-            return self.finish("stopped")
+            summary = self.finish("stopped")
+            # a signal that reached another machine: this machine's launcher ends the same way
+            relay_stop(self.state.pending_signal, self.state.stop_reason)
+            return summary
         return self.complete()
 
     def finish(self, status: str, error: str | None = None, **results: Any) -> dict[str, Any]:

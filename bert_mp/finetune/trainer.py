@@ -34,7 +34,7 @@ from bert_mp.core.config import Config, load_config
 from bert_mp.core.epochs import epoch_order
 from bert_mp.core.export import finish_hf_folder
 from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.loop import BatchGeometry, exit_code, outcome_line
+from bert_mp.core.loop import BatchGeometry, exit_code, outcome_line, signal_flag
 from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler
 from bert_mp.core.run_guard import check_output_dir
@@ -264,13 +264,13 @@ class FineTuner(TrainingLoop):
             logits = self.model(**batch).logits
         loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
         # one reduction per step: the loss every rank judges the same way, and the stop flag
-        flag = 1.0 if s.pending_signal else 0.0
+        flag = signal_flag(s.pending_signal)
         total_loss, stop = acc.reduce(
             torch.stack([loss.detach(), torch.tensor(flag, device=loss.device)]), "sum"
         ).tolist()
         self.guard.check_loss(total_loss, s, self.save_discarding_gradients)
         acc.backward(loss)
-        lr, grad_norm, skipped = self.update(stop > 0, (batch, targets))
+        lr, grad_norm, skipped = self.update(stop, (batch, targets))
         if not skipped:
             s.examples_seen += len(targets) * acc.num_processes
             self.record_step(float(loss.detach()), lr, grad_norm, t0)

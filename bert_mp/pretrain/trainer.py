@@ -47,6 +47,7 @@ from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp trai
     BatchGeometry,
     exit_code,
     outcome_line,
+    signal_flag,
 )
 from bert_mp.core.optim import build_optimizer, build_scheduler
 from bert_mp.core.precision import install_scaler
@@ -329,13 +330,13 @@ class Trainer(TrainingLoop):
         micro = [next(self.batches) for _ in range(self.geometry.accumulation)]
         wait = time.perf_counter() - wait
         local = forward_backward(self.model, micro, self.accelerator, self.plan, self.geometry.per_rank)
-        local["stop_flag"] = device_scalar(1.0 if s.pending_signal else 0.0, self.accelerator.device)
+        local["stop_flag"] = device_scalar(signal_flag(s.pending_signal), self.accelerator.device)
         reduced = StepTotals.reduce(local, self.accelerator)  # stays on the device
         stop = False
         if self.sync_each_step:  # read now: a non-finite loss stops before its optimizer step
             totals = StepTotals.read(reduced)
             self.guard.check_loss(totals.loss, s, self.save_discarding_gradients)
-            stop = totals.stop_flag > 0
+            stop = totals.stop_flag  # above 0: some rank got a signal (which one: loop.flag_signal)
         elif self.geometry.world == 1:  # one rank: the signal is known on the host
             stop = s.pending_signal is not None
         # consumed after the loss check: a save for a non-finite loss resumes at this batch, one at the
@@ -392,7 +393,7 @@ class Trainer(TrainingLoop):
                 s.step = row["step"]
                 s.tokens_seen += int(totals.tokens)
                 if totals.stop_flag > 0:
-                    self.stop_for_signal()
+                    self.stop_for_signal(totals.stop_flag)
                 self.record_step(totals, row, step_time)
         finally:
             s.step = real_step

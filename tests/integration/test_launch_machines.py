@@ -1,0 +1,217 @@
+"""Two machines on one host, and FSDP stopped by a signal, through the real ``bert-mp launch``.
+
+Each "machine" is one ``bert-mp launch --num_machines 2 --machine_rank R --main_process_ip 127.0.0.1
+--main_process_port P --num_processes 4 ...`` (accelerate's ``--num_processes`` counts every machine's
+processes), both in the same folder: the shared storage a multi-machine run needs for its run folder
+and prepared data. A signal lands while the main rank holds after step 2 (``BERT_MP_HOLD``), so the
+order - running, then signalled - holds at any machine speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support import ROOT, free_port, hold_env, make_tokenizer, own_session, wait_held
+
+from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.config import load_config
+from bert_mp.core.io import read_jsonl
+from bert_mp.data.prepare import prepare
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
+
+DATA = [
+    "data.source=text",
+    "data.paths=[corpus/a.txt]",
+    "data.tokenizer=tok",
+    "data.max_seq_length=32",
+    "data.validation_fraction=0.1",
+    "data.cache_dir=data",
+]
+TRAIN = [
+    *DATA,
+    "model.hidden_size=32",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+    "model.hidden_dropout_prob=0",
+    "model.attention_probs_dropout_prob=0",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "train.eval_max_batches=1",
+    "train.progress_bar=false",
+]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """corpus/a.txt, tok/ and the prepared data/<key>/ (every run reuses it)."""
+    root = tmp_path_factory.mktemp("machines")
+    rng = random.Random(0)
+    docs = [
+        " ".join(" ".join(f"w{rng.randrange(59)}" for _ in range(rng.randint(4, 12))) + "." for _ in range(4))
+        for _ in range(120)
+    ]
+    (root / "corpus").mkdir()
+    (root / "corpus" / "a.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    make_tokenizer().save_pretrained(str(root / "tok"))
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        prepare(load_config(None, DATA))
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        **extra,
+    }
+
+
+def _machine(
+    project: Path,
+    rank: int,
+    port: int,
+    out: str,
+    *overrides: str,
+    options: tuple = (),
+    env: dict | None = None,
+) -> subprocess.Popen:
+    """One machine's ``bert-mp launch`` of 2 of the run's 4 processes (``options``: more launch options)."""
+    args = ["launch", "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
+    args += ["--main_process_port", str(port), "--num_processes", "4", *options]
+    args += ["train", *TRAIN, f"train.output_dir={out}", *overrides]
+    return own_session(  # killed with its group when the test ends, however it ends
+        subprocess.Popen(
+            [sys.executable, "-m", "bert_mp", *args],
+            cwd=project,
+            env=env or _env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    )
+
+
+def _losses(folder: Path) -> list[float]:
+    return [r["loss/total"] for r in read_jsonl(folder / "metrics.jsonl") if r["kind"] == "train"]
+
+
+def test_two_machines_of_two_processes_train_like_one_machine_of_four(project):
+    port = free_port()
+    second = _machine(project, 1, port, "two", "train.max_steps=4")
+    first = _machine(project, 0, port, "two", "train.max_steps=4")
+    outs = [p.communicate(timeout=600) for p in (first, second)]
+    assert (first.returncode, second.returncode) == (0, 0), outs
+    one = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bert_mp",
+            "launch",
+            "--num_processes",
+            "4",
+            "--main_process_port",
+            str(free_port()),
+        ]
+        + ["train", *TRAIN, "train.output_dir=one", "train.max_steps=4"],
+        cwd=project,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert _losses(project / "two") == _losses(project / "one")  # the same ranks, the same sums: to the bit
+    strategy = json.loads((project / "two" / "summary.json").read_text())["strategy"]
+    assert (strategy["name"], strategy["processes"], strategy["machines"]) == ("ddp", 4, 2)
+    assert "2 machines" in outs[0][0].splitlines()[0]  # the start-up line, from machine 0
+    assert outs[1][0].strip() == ""  # machine 1 has no main process: its launcher prints nothing
+
+
+@pytest.mark.signals
+def test_sigterm_on_one_machine_stops_both_with_a_checkpoint_and_exit_143(project):
+    """SIGTERM reaches machine 1 only; its ranks pass the stop on in the next step's all-reduce, every
+    rank saves the checkpoint together, and machine 0's ranks hand the signal to their own launcher:
+    both `bert-mp launch` exit 143; machine 0 prints the stopped line."""
+    port, ready = free_port(), project / "held_machines"
+    first = _machine(project, 0, port, "sig", "train.max_steps=100000", env=_env(**hold_env("step:2", ready)))
+    second = _machine(project, 1, port, "sig", "train.max_steps=100000")
+    wait_held(first, ready)
+    os.kill(second.pid, signal.SIGTERM)  # a job scheduler's SIGTERM, to one machine
+    ready.unlink()  # machine 0 goes on: the stop reaches it through the all-reduced flag
+    outs = [p.communicate(timeout=600) for p in (first, second)]
+    assert (first.returncode, second.returncode) == (143, 143), outs
+    summary = json.loads((project / "sig" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["stop_reason"] == "signal SIGTERM"
+    saved = ckpt.list_checkpoints(project / "sig" / "checkpoints")
+    assert [p.name for p in saved] == [ckpt.checkpoint_name(summary["steps"])]
+    assert ckpt.verify(saved[0]) is None
+    assert sorted(p.name for p in saved[0].glob("rng_state_*")) == [
+        f"rng_state_{r}.safetensors" for r in range(4)
+    ]
+    said = [line for line in outs[0][0].splitlines() if line.startswith("bert-mp train: stopped")]
+    assert len(said) == 1 and "(signal SIGTERM; checkpoint saved)" in said[0], outs[0][0]
+    for _, err in outs:
+        assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("rank", "said"), [(0, "machine 1 of 2 did not join within 2 s"), (1, "machine 0 did not answer")]
+)
+def test_a_machine_that_never_joins_ends_the_other_after_the_timeout_with_one_line(project, rank, said):
+    proc = _machine(project, rank, free_port(), "never", "train.max_steps=4", options=("--join_timeout", "2"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, (out, err)
+    assert err.splitlines() == [
+        line for line in err.splitlines() if line.startswith("bert-mp launch: error: ")
+    ]
+    assert len(err.splitlines()) == 1 and said in err, err
+    assert not (project / "never").exists()  # nothing started
+
+
+@pytest.mark.signals
+def test_fsdp_launch_stops_on_sigterm_with_a_sharded_checkpoint_and_exit_143(project):
+    ready = project / "held_fsdp"
+    fsdp = str(ROOT / "configs" / "accelerate" / "fsdp.yaml")
+    args = ["launch", "--config_file", fsdp, "--num_processes", "2", "--main_process_port", str(free_port())]
+    args += ["train", *TRAIN, "train.output_dir=fsdp_sig", "train.max_steps=100000"]
+    proc = own_session(
+        subprocess.Popen(
+            [sys.executable, "-m", "bert_mp", *args],
+            cwd=project,
+            env=_env(**hold_env("step:2", ready)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    )
+    wait_held(proc, ready)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, (out[-3000:], err[-3000:])
+    summary = json.loads((project / "fsdp_sig" / "summary.json").read_text())
+    assert (summary["status"], summary["stop_reason"], summary["strategy"]["name"]) == (
+        "stopped",
+        "signal SIGTERM",
+        "fsdp",
+    )
+    folder = project / "fsdp_sig" / "checkpoints" / ckpt.checkpoint_name(summary["steps"])
+    assert ckpt.verify(folder) is None and len(list((folder / "sharded").iterdir())) == 2
