@@ -223,9 +223,9 @@ def check_request(request: Request, section: Any, strategy: Strategy, cuda: bool
     want = getattr(section, "strategy", "auto")
     if want != "auto" and want != strategy.name:
         raise ConfigError(
-            f"{key}strategy={want}: this launch gives {strategy.label()} over {strategy.processes} "
-            f"process{'es' if strategy.processes != 1 else ''}; {_HOW[want].format(cmd=command)}, "
-            f"or set {key}strategy=auto"
+            f"{key}strategy={want}: this launch gives {strategy.label()}"
+            + (f" over {strategy.processes} processes" if strategy.processes > 1 else "")
+            + f"; {_HOW[want].format(cmd=command)}, or set {key}strategy=auto"
         )
     if request.engine == "deepspeed" and not deepspeed_installed():
         raise ConfigError(

@@ -1,0 +1,184 @@
+"""The strategy a launch asks for, what runs, and what is refused in one line; the machines' meeting
+and the stop flag that names a signal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+from support import free_port
+
+from bert_mp.core import machines, strategy
+from bert_mp.core.config import load_config
+from bert_mp.core.loop import flag_signal, signal_flag
+from bert_mp.errors import ConfigError, LaunchError
+
+FSDP_ENV = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_OFFLOAD_PARAMS": "false",
+    "FSDP_ACTIVATION_CHECKPOINTING": "false",
+    "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": "BertLayer",
+}
+
+
+def _state(world: int, kind: str = "MULTI_CPU", backend: str | None = "gloo", stage: int | None = None):
+    plugin = SimpleNamespace(deepspeed_config={"zero_optimization": {"stage": stage}}) if stage else None
+    return SimpleNamespace(
+        num_processes=world, distributed_type=kind, backend=backend, deepspeed_plugin=plugin
+    )
+
+
+def test_the_launch_request_is_read_from_accelerate_launchs_environment():
+    assert strategy.launch_request({}) == strategy.Request("ddp")
+    r = strategy.launch_request({**FSDP_ENV, "FSDP_RESHARD_AFTER_FORWARD": "false"})
+    assert (r.engine, r.fsdp_version, r.reshard_after_forward, r.layer_classes) == (
+        "fsdp",
+        2,
+        False,
+        ("BertLayer",),
+    )
+    ds = strategy.launch_request({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"})
+    assert (ds.engine, ds.zero_stage) == ("deepspeed", 1)
+
+
+def test_what_runs_is_named_with_what_it_shards():
+    single = strategy.strategy_in_force(_state(1, "NO", None), strategy.Request(), cuda=False)
+    assert (single.name, single.label(), single.backend) == ("single", "single process", None)
+    ddp = strategy.strategy_in_force(_state(2), strategy.Request(), cuda=False)
+    assert ddp.label() == "DDP (nothing sharded; gloo)" and not ddp.parameters_sharded
+    fsdp = strategy.strategy_in_force(_state(4), strategy.launch_request(FSDP_ENV), cuda=False)
+    assert (
+        fsdp.label() == "FSDP2 (parameters, gradients and optimizer state sharded; bert_mp fully_shard, gloo)"
+    )
+    assert fsdp.to_dict()["parameters_sharded"] and fsdp.to_dict()["sharded"][0] == "parameters"
+    zero2 = strategy.strategy_in_force(
+        _state(2, "DEEPSPEED", stage=2), strategy.Request("deepspeed"), cuda=False
+    )
+    assert zero2.label() == "DeepSpeed ZeRO-2 (gradients and optimizer state sharded, parameters whole; gloo)"
+
+
+def test_deepspeed_on_a_cpu_launch_gets_gloo_not_cpu_true(monkeypatch):
+    monkeypatch.setattr(strategy, "deepspeed_installed", lambda: True)
+    assert strategy.state_options(strategy.Request("deepspeed"), cuda=False) == {
+        "cpu": False,
+        "backend": "gloo",
+    }
+    assert strategy.state_options(strategy.Request(), cuda=False) == {"cpu": True}
+    assert strategy.state_options(strategy.Request("deepspeed"), cuda=True) == {"cpu": False}
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides", "said"),
+    [
+        ({}, ["train.strategy=fsdp"], "train.strategy=fsdp: this launch gives single process; launch with"),
+        ({**FSDP_ENV, "FSDP_VERSION": "1"}, [], "fsdp_version: 1 in the accelerate config"),
+        (
+            {**FSDP_ENV, "FSDP_OFFLOAD_PARAMS": "true"},
+            [],
+            "fsdp_offload_params: true in the accelerate config",
+        ),
+        (
+            {**FSDP_ENV, "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"},
+            [],
+            "fsdp_state_dict_type: FULL_STATE_DICT",
+        ),
+        (FSDP_ENV, ["train.precision=fp16"], "train.precision=fp16 is not supported under FSDP on CPU"),
+        (FSDP_ENV, ["train.optimizer=lamb"], "train.optimizer=lamb is not supported under FSDP on CPU"),
+        (FSDP_ENV, ["train.compile=model"], "train.compile=model is not supported under FSDP on CPU"),
+    ],
+    ids=["strategy-key", "fsdp1", "offload", "full-state-dict", "fp16", "lamb", "compile"],
+)
+def test_what_the_launch_cannot_give_is_one_line_naming_the_key(env, overrides, said):
+    cfg = load_config(None, overrides)
+    request = strategy.launch_request(env)
+    world = 1 if not env else 2
+    in_force = strategy.strategy_in_force(
+        _state(world, "NO" if world == 1 else "MULTI_CPU"), request, cuda=False
+    )
+    with pytest.raises(ConfigError) as e:
+        strategy.check_request(request, cfg.train, in_force, cuda=False, command="train")
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fsdp_on_cpu_is_for_train_only_and_deepspeed_must_be_installed(monkeypatch):
+    cfg = load_config(None, [])
+    request = strategy.launch_request(FSDP_ENV)
+    in_force = strategy.strategy_in_force(_state(2), request, cuda=False)
+    with pytest.raises(ConfigError, match="runs `bert-mp train` only"):
+        strategy.check_request(request, cfg.finetune, in_force, cuda=False, command="finetune")
+    monkeypatch.setattr(strategy, "deepspeed_installed", lambda: False)
+    with pytest.raises(ConfigError, match="deepspeed is not installed"):
+        strategy.check_request(
+            strategy.Request("deepspeed"), cfg.train, in_force, cuda=False, command="train"
+        )
+
+
+def test_a_forced_strategy_on_a_plain_train_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bert_mp",
+            "train",
+            "train.strategy=deepspeed",
+            f"train.output_dir={tmp_path}/r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [
+        "bert-mp train: error: train.strategy=deepspeed: this launch gives single process; "
+        "launch with `bert-mp launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes N "
+        "train ...`, or set train.strategy=auto"
+    ]
+
+
+def test_the_stop_flag_names_the_signal_some_rank_got():
+    assert signal_flag(None) == 0.0 and flag_signal(0.0) is None
+    assert flag_signal(signal_flag("SIGINT")) == "SIGINT"
+    assert flag_signal(signal_flag("SIGTERM") + 3 * signal_flag(None)) == "SIGTERM"
+    assert flag_signal(2 * signal_flag("SIGINT") + signal_flag("SIGTERM")) == "SIGTERM"  # mixed: SIGTERM wins
+    assert flag_signal(7 * signal_flag("SIGINT")) == "SIGINT"
+
+
+def test_machines_are_read_from_the_options_over_the_config_file(tmp_path):
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text("num_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.1.2.3\nmain_process_port: 29500\n")
+    m = machines.machines_of(["--config_file", str(cfg), "--machine_rank", "1", "--main_process_port=1234"])
+    assert m == machines.Machines(2, 1, "10.1.2.3", 1234)
+    assert machines.machines_of(["--num_processes", "2"]) is None
+    with pytest.raises(ConfigError, match="--machine_rank 2: must be 0 to 1"):
+        machines.machines_of(["--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h"])
+    assert machines.pop_join_timeout(["--join_timeout", "5", "--x"]) == (5.0, ["--x"])
+    with pytest.raises(ConfigError, match="--join_timeout"):
+        machines.pop_join_timeout(["--join_timeout=soon"])
+
+
+def test_machines_meet_and_a_missing_one_is_named_after_the_timeout():
+    port = free_port()
+    errors: list[BaseException] = []
+
+    def join(rank: int) -> None:
+        try:
+            machines.meet(machines.Machines(3, rank, "127.0.0.1", port), timeout=60)
+        except BaseException as e:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(e)
+
+    others = [threading.Thread(target=join, args=(r,)) for r in (1, 2)]
+    for t in others:
+        t.start()
+    machines.meet(machines.Machines(3, 0, "127.0.0.1", port), timeout=60)
+    for t in others:
+        t.join(60)
+    assert not errors
+    with pytest.raises(LaunchError, match=r"machines 1, 2 of 3 did not join within 0.3 s"):
+        machines.meet(machines.Machines(3, 0, "127.0.0.1", free_port()), timeout=0.3)
