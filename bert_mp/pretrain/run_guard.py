@@ -38,7 +38,9 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
     from bert_mp.data.prepare import cache_path, is_complete
 
     data = cache_path(cfg.data)
-    if not is_complete(data):
+    if cfg.train.prepared or not is_complete(
+        data
+    ):  # train.prepared: the trainer checks once it has loaded it
         return
     folder = ckpt.resolve_resume(resume, checkpoints, quiet=True)  # skipped ones are reported elsewhere
     if folder is None:

@@ -163,6 +163,12 @@ class Trainer(TrainingLoop):
         self.build_parts()
 
     def load_data(self) -> None:
+        if (
+            self.data is None and self.tc.prepared
+        ):  # several prepared folders (e.g. the shares of a split prepare)
+            from bert_mp.data.prepare import load_prepared_shares
+
+            self.data = load_prepared_shares(self.tc.prepared, self.cfg.data)
         if self.data is None:
             from bert_mp.data.prepare import load_prepared, prepare
 

@@ -101,6 +101,12 @@ class DataConfig:
     """Shards per split written by ``save_to_disk``."""
     cache_dir: str = "runs/data"
     """Prepared data goes to ``<cache_dir>/<hash of this section>/``; the same config reuses it."""
+    shard: str = "0/1"
+    """``I/N``: prepare share I (0 to N-1) of the corpus's documents cut into N contiguous shares
+    (``datasets``' ``Dataset.shard(N, I, contiguous=True)``), into its own folder, so that N machines
+    prepare one corpus at the same time; ``bert-mp train`` takes the N folders (``train.prepared``).
+    Needs a given ``data.tokenizer`` (the same on every share); NSP's random B and data.dedupe stay
+    within a share. 0/1: the whole corpus."""
 
     def validate(self) -> None:
         _choice(self.source, "data.source", ("builtin", "text", "jsonl", "csv", "parquet", "hub"))
@@ -169,6 +175,29 @@ class DataConfig:
         _range(self.seed, "data.seed", 0)
         if self.max_documents is not None:
             _range(self.max_documents, "data.max_documents", 1)
+        index, count = self.shard_parts()
+        _check(
+            count == 1 or self.tokenizer is not None,
+            "data.tokenizer",
+            f"data.shard={self.shard} needs a tokenizer every share uses: train it once (a prepare without "
+            "data.shard) and give its <folder>/tokenizer, or a Hub tokenizer",
+            self.tokenizer,
+        )
+
+    def shard_parts(self) -> tuple[int, int]:
+        """``(I, N)`` of ``shard``; a malformed value is an error naming ``data.shard``."""
+        from bert_mp.errors import ConfigError
+
+        parts = str(self.shard).split("/")
+        try:
+            index, count = int(parts[0]), int(parts[1])
+            if len(parts) != 2 or count < 1 or not 0 <= index < count:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ConfigError(
+                f"data.shard={self.shard!r}: give I/N with 0 <= I < N (e.g. 0/3, 1/3, 2/3; 0/1 is the whole corpus)"
+            ) from None
+        return index, count
 
     def masking_budget(self) -> int:
         """Masked positions a sequence of ``max_seq_length`` needs: ``ceil(p * max_seq_length)``."""
@@ -201,7 +230,12 @@ class DataConfig:
         # a derived cap and the same cap set explicitly give the same bytes; defaults of the new
         # keys leave the key of an existing config unchanged
         d["max_predictions_per_seq"] = self.max_predictions()
-        for k, default in (("documents", "blank_line"), ("objective", "nsp"), ("dedupe", False)):
+        for k, default in (
+            ("documents", "blank_line"),
+            ("objective", "nsp"),
+            ("dedupe", False),
+            ("shard", "0/1"),
+        ):
             if d[k] == default:
                 d.pop(k)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

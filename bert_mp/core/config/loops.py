@@ -193,6 +193,11 @@ class TrainConfig(LoopConfig):
     """Relative MLM-loss deviation (smoothed) beyond which the parity callback reacts."""
     parity_action: str = "warn"
     """warn | stop when the run leaves the parity band."""
+    prepared: list[str] = field(default_factory=list)
+    """Prepared data folders (or glob patterns) to train on instead of preparing the data section, e.g.
+    the N shares of a split prepare (``data.shard=I/N``): read in share order, their train and
+    validation splits concatenated. They must share a tokenizer and every data setting with this
+    run's data section (data.shard aside); [] (default): prepare (or reuse) the data section's folder."""
     allow_data_change: bool = False
     """Resume although the prepared data's fingerprint differs from the checkpoint's (e.g. after
     ``bert-mp prepare --force`` retrained the tokenizer). Off: such a resume is refused."""

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from bert_mp.data.prepare.blocks import assign_splits, make_blocks, take_column, take_texts
 from bert_mp.data.prepare.build import command, data_only, prepare
-from bert_mp.data.prepare.cache import SPLITS, PreparedData, cache_path, is_complete, load_prepared
+from bert_mp.data.prepare.cache import (
+    SPLITS,
+    PreparedData,
+    cache_path,
+    is_complete,
+    load_prepared,
+    load_prepared_shares,
+)
 from bert_mp.data.prepare.read import first_occurrences
 from bert_mp.data.prepare.stats import print_summary
 from bert_mp.data.prepare.vocab import tokenizer_cache_path, training_text_digest
@@ -37,6 +44,7 @@ __all__ = [
     "first_occurrences",
     "is_complete",
     "load_prepared",
+    "load_prepared_shares",
     "make_blocks",
     "prepare",
     "print_summary",

@@ -26,7 +26,7 @@ from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
 from bert_mp.data.prepare.cache import MARKER, cache_path, is_complete
 from bert_mp.data.prepare.interrupts import interrupts_in_this_process_only
 from bert_mp.data.prepare.pool import pair_blocks
-from bert_mp.data.prepare.read import first_occurrences, read_documents
+from bert_mp.data.prepare.read import first_occurrences, peak_memory, read_documents, take_share
 from bert_mp.data.prepare.stats import collect_stats, print_summary, stats_warnings
 from bert_mp.data.prepare.vocab import remove_own_tokenizer_tmp, tokenizer_for
 from bert_mp.data.tokenizer import save_tokenizer
@@ -45,6 +45,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
 
     t = time.perf_counter()
     docs, read_stats = read_documents(data, work)
+    docs, share = take_share(docs, data)  # data.shard=I/N: this machine's contiguous share
     timings["read"] = time.perf_counter() - t
 
     n_docs = len(docs)
@@ -97,6 +98,8 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     stats = collect_stats(
         data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, time.perf_counter() - t_start
     )
+    stats["shard"] = share
+    stats["memory"] = peak_memory()
     shutil.rmtree(work, ignore_errors=True)
     return stats
 

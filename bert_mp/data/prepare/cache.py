@@ -61,3 +61,91 @@ def load_prepared(path: str | Path) -> PreparedData:
         stats=stats,
         path=path,
     )
+
+
+def _folders(patterns: list[str]) -> list[Path]:
+    """The folders ``train.prepared`` names (glob patterns expanded, each folder once)."""
+    import glob
+
+    found: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise DataError(f"train.prepared: {pattern} matches no folder")
+        found += [Path(m) for m in matches if Path(m) not in found]
+    return found
+
+
+def _differing_key(a: DataConfig, b: DataConfig) -> str:
+    """The first data setting that changes the prepared bytes and differs between ``a`` and ``b``."""
+    from dataclasses import asdict
+
+    ignored = ("shard", "cache_dir", "num_proc", "num_shards", "pack_pairs", "mlm_document_attention")
+    da, db = asdict(a), asdict(b)
+    return next((k for k in da if k not in ignored and da[k] != db[k]), "?")
+
+
+def load_prepared_shares(patterns: list[str], data: DataConfig) -> PreparedData:
+    """The folders ``patterns`` name (``train.prepared``: the shares of a split prepare, or any prepared
+    folders) as one :class:`PreparedData`: in share order, splits concatenated. Every folder must be
+    complete, hold the same tokenizer and the data settings of ``data`` (``data.shard`` aside); a
+    share named twice is an error, a missing share of ``I/N`` a warning."""
+    import hashlib
+    import warnings
+    from dataclasses import replace
+
+    from datasets import DatasetDict, concatenate_datasets
+
+    from bert_mp.core.config import load_config
+    from bert_mp.errors import BertMPWarning
+
+    folders = _folders(patterns)
+    want = replace(data, shard="0/1")
+    shares: list[tuple[tuple[int, int], Path]] = []
+    for folder in folders:
+        if not is_complete(folder):
+            raise DataError(
+                f"train.prepared: {folder} is not a complete prepared folder (run bert-mp prepare)"
+            )
+        theirs = load_config(str(folder / "config.yaml")).data
+        if replace(theirs, shard="0/1").cache_key() != want.cache_key():
+            key = _differing_key(theirs, want)
+            raise DataError(
+                f"train.prepared: {folder} was prepared with data.{key}={getattr(theirs, key)!r}, this run has "
+                f"{getattr(want, key)!r}; train with the data settings the folders were prepared with"
+            )
+        shares.append((theirs.shard_parts(), folder))
+    shares.sort(key=lambda s: s[0])
+    seen = [s[0] for s in shares]
+    if len(set(seen)) != len(seen):
+        twice = next(s for s in seen if seen.count(s) > 1)
+        raise DataError(f"train.prepared: share {twice[0]}/{twice[1]} is named twice")
+    counts = {n for _, n in seen}
+    missing = [f"{i}/{n}" for n in counts for i in range(n) if (i, n) not in seen]
+    if missing:
+        warnings.warn(
+            f"train.prepared: share{'s' if len(missing) > 1 else ''} {', '.join(missing)} not given: training on "
+            "part of the corpus",
+            BertMPWarning,
+            stacklevel=2,
+        )
+    loaded = [load_prepared(folder) for _, folder in shares]
+    tokenizers = {(p.path / "tokenizer" / "tokenizer.json").read_bytes() for p in loaded}
+    if len(tokenizers) > 1:
+        raise DataError(
+            "train.prepared: the folders hold different tokenizers; prepare every share with the same data.tokenizer"
+        )
+    first = loaded[0]
+    if len(loaded) == 1:
+        return first
+    dataset = DatasetDict(
+        {split: concatenate_datasets([p.dataset[split] for p in loaded]) for split in SPLITS}
+    )
+    fingerprints = [str(p.stats.get("fingerprint")) for p in loaded]
+    stats = {
+        **first.stats,
+        "splits": {split: len(dataset[split]) for split in SPLITS},
+        "fingerprint": hashlib.sha256(" ".join(fingerprints).encode()).hexdigest()[:16],
+        "shares": [str(p.path) for p in loaded],
+    }
+    return PreparedData(dataset=dataset, tokenizer=first.tokenizer, stats=stats, path=first.path)

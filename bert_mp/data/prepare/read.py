@@ -198,3 +198,36 @@ def stop_pool(pool: Any) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in workers:
         proc.terminate()
+
+
+def share_range(n_docs: int, index: int, count: int) -> tuple[int, int]:
+    """``[start, end)`` of share ``index`` of ``count`` contiguous shares of ``n_docs`` documents: the
+    first ``n_docs % count`` shares one document longer, as ``datasets``' contiguous ``shard`` cuts."""
+    size, longer = divmod(n_docs, count)
+    start = index * size + min(index, longer)
+    return start, start + size + (1 if index < longer else 0)
+
+
+def take_share(docs: Any, data: DataConfig) -> tuple[Any, dict]:
+    """The documents of ``data.shard`` (``Dataset.shard(N, I, contiguous=True)``) and what it holds:
+    ``{"index", "count", "documents": [start, end), "corpus_documents"}``, the range in the whole
+    corpus's document order, so N shares are seen to tile it."""
+    index, count = data.shard_parts()
+    n_docs = len(docs)
+    start, end = share_range(n_docs, index, count)
+    if count > 1:
+        docs = docs.shard(num_shards=count, index=index, contiguous=True)
+        assert len(docs) == end - start, "datasets cut the shares otherwise"  # internal invariant
+    return docs, {"index": index, "count": count, "documents": [start, end], "corpus_documents": n_docs}
+
+
+def peak_memory() -> dict[str, int]:
+    """Peak resident memory of this process and of its largest worker (pairing, reading) so far, in bytes."""
+    import resource
+    import sys
+
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: kilobytes on Linux, bytes on macOS
+    return {
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit,
+        "workers_peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * unit,
+    }

@@ -259,6 +259,14 @@ def print_summary(stats: dict, path: Path) -> None:
         f"max_seq_length {stats['max_seq_length']}, mean length {train['mean_length'] or 0:.1f}, padding at "
         f"max length {(train['padding_fraction_at_max_seq_length'] or 0):.1%}",
     ]
+    share = stats.get("shard") or {}
+    if share.get("count", 1) > 1:
+        first, end = share["documents"]
+        lines.insert(
+            1,
+            f"  data.shard={share['index']}/{share['count']}: documents {first} to {end - 1} of the corpus's "
+            f"{share['corpus_documents']} kept; read and kept below count the corpus, train / validation this share",
+        )
     if train["nsp"] is not None:
         lines.append(
             f"  NSP random share (train): {train['nsp']['random_share'] or 0:.3f} "
