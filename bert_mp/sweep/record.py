@@ -145,6 +145,9 @@ class RunSummary:
     conditions: dict[str, Any] | None = None
     """Threads, processes, cores, load and devices the run was measured under (None: written before
     bert_mp recorded them); see :mod:`bert_mp.core.conditions`."""
+    strategy: dict[str, Any] | None = None
+    """The distributed strategy the run was under (single, DDP, FSDP, DeepSpeed; what it shards; None:
+    written before bert_mp recorded it); see :mod:`bert_mp.core.strategy`."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole file, for the fields the report passes through unread."""
 

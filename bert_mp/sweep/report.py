@@ -98,6 +98,7 @@ def overview_section(rep: Report) -> list[Section]:
                 f"Device: **{prec0.get('device_name', 'unknown')}** ({prec0.get('device', '?')}{capability}). "
                 f"Host: {rec.host.description}.",
                 "Versions: " + (", ".join(f"{k} {v}" for k, v in rep.versions.items()) or "n/a") + ".",
+                strategy_line(rep),
                 f"Base recipe: `{rec.base or 'defaults'}`; model preset {mcfg['preset']}, "
                 f"seq length {dcfg['max_seq_length']}, global batch {tcfg['global_batch_size']}, "
                 f"micro batch {tcfg['micro_batch_size']}, {tcfg['max_steps']} steps, lr {tcfg['learning_rate']}, "
@@ -118,6 +119,21 @@ def overview_section(rep: Report) -> list[Section]:
             ],
         )
     ]
+
+
+def strategy_line(rep: Report) -> str:
+    """The distributed strategy the runs were under, as each run's summary.json records it."""
+    by_label: dict[str, list[str]] = {}
+    for r in (r for g in rep.groups for r in g.runs if r.summary):
+        label = (r.summary.strategy or {}).get("label", "not recorded")
+        by_label.setdefault(label, []).append(r.name)
+    if not by_label:
+        return "Distributed strategy: n/a (no run finished)."
+    if len(by_label) == 1:
+        return f"Distributed strategy: **{next(iter(by_label))}** (every run)."
+    return (
+        "Distributed strategy: " + "; ".join(f"**{k}** ({', '.join(v)})" for k, v in by_label.items()) + "."
+    )
 
 
 def _check_cell(checks: dict[str, Any], name: str) -> str:
