@@ -82,6 +82,34 @@ def run(workdir: Path, strategy: str, processes: int, args: argparse.Namespace, 
     }
 
 
+def efficiency(runs: list[dict], strategies: list[str], processes: list[int]) -> dict:
+    """Per strategy and process count: the median tokens/s over the rounds, the efficiency of the
+    medians, and each round's own efficiency (its N-process run against its 1-process run, measured
+    minutes apart: the fairer pairing on a machine whose load changes)."""
+    base = min(processes)
+    out: dict = {}
+    for strategy in strategies:
+        mine = [r for r in runs if r["strategy_asked"] == strategy]
+        med = {
+            n: statistics.median(r["tokens_per_sec"] for r in mine if r["processes"] == n) for n in processes
+        }
+        rounds = sorted({r["round"] for r in mine})
+        out[strategy] = {}
+        for n in processes:
+            per_round = []
+            for k in rounds:
+                one = next((r for r in mine if r["round"] == k and r["processes"] == base), None)
+                many = next((r for r in mine if r["round"] == k and r["processes"] == n), None)
+                if one and many:
+                    per_round.append(many["tokens_per_sec"] / (one["tokens_per_sec"] * n / base))
+            out[strategy][str(n)] = {
+                "median_tokens_per_sec": med[n],
+                "efficiency": med[n] / (med[base] * n / base),
+                "efficiency_per_round": per_round,
+            }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
@@ -123,21 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(report, indent=1) + "\n")  # each row as soon as it is measured
-    base = min(args.processes)
-    report["efficiency"] = {}
-    for strategy in args.strategies:
-        med = {
-            n: statistics.median(
-                r["tokens_per_sec"]
-                for r in report["runs"]
-                if r["strategy_asked"] == strategy and r["processes"] == n
-            )
-            for n in args.processes
-        }
-        report["efficiency"][strategy] = {
-            str(n): {"median_tokens_per_sec": med[n], "efficiency": med[n] / (med[base] * n / base)}
-            for n in args.processes
-        }
+    report["efficiency"] = efficiency(report["runs"], args.strategies, args.processes)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     for strategy, rows in report["efficiency"].items():
         for n, r in rows.items():

@@ -161,7 +161,9 @@ LAUNCH_HELP = """usage: bert-mp launch [ACCELERATE LAUNCH OPTIONS] {train,finetu
 Runs `accelerate launch ... -m bert_mp COMMAND ...`. Without CUDA, `--num_processes N` starts N CPU
 processes (gloo); a plain `accelerate launch --cpu --num_processes N` starts one. Ctrl-C or SIGTERM
 is passed to the launcher once; the ranks finish their step, save a checkpoint and stop, and this
-exits 130 / 143 with the run's one stopped line (not torch elastic's traceback and exit 1)."""
+exits 130 / 143 with the run's one stopped line (not torch elastic's traceback and exit 1).
+With --num_machines N the machines meet first: one that has not come within --join_timeout SECONDS
+(default 300) ends the others with one line, exit 2."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ class Strategy:
 
     def label(self) -> str:
         """The start-up line's phrase: ``FSDP2 (parameters, gradients and optimizer state sharded;
-        bert_mp fully_shard, gloo)``, ``DDP (gloo; nothing sharded)``, ``single process``."""
+        bert_mp fully_shard, gloo)``, ``DDP (nothing sharded; gloo)``, ``single process``."""
         if self.name == "single":
             return "single process"
         title = {"ddp": "DDP", "fsdp": f"FSDP{self.details.get('fsdp_version', 2)}"}.get(self.name)
@@ -156,7 +156,7 @@ ZERO_SHARDS = {
 }
 
 
-def machine_count(processes: int) -> int:
+def machine_count() -> int:
     """Machines of this launch (torch elastic's node count), 1 without a launcher."""
     value = os.environ.get("GROUP_WORLD_SIZE", "")
     return int(value) if value.isdigit() and int(value) > 0 else 1
@@ -167,7 +167,7 @@ def strategy_in_force(state: Any, request: Request, cuda: bool) -> Strategy:
     world = int(state.num_processes)
     kind = str(state.distributed_type).upper()
     backend = getattr(getattr(state, "state", state), "backend", None) if world > 1 else None
-    machines = machine_count(world)
+    machines = machine_count()
     common = {"processes": world, "machines": machines, "backend": backend}
     if kind.endswith("DEEPSPEED"):
         stage = request.zero_stage if request.zero_stage is not None else _plugin_stage(state)
