@@ -170,10 +170,11 @@ class TrainingLoop(abc.ABC):
         return self.command
 
     # ---- one step's update -------------------------------------------------------------------------
-    def update(self, stop: bool, batch: Any) -> tuple[float, Any, bool]:
+    def update(self, stop: bool | float, batch: Any) -> tuple[float, Any, bool]:
         """After the backward: the optimizer step and its accounting; returns ``(lr, grad_norm, skipped)``.
 
-        ``stop`` is the step's all-reduced signal flag: every rank ends the run after this step.
+        ``stop`` is the step's all-reduced signal flag (its value names the signal:
+        :func:`bert_mp.core.loop.flag_signal`; a bool does not): every rank ends the run after this step.
         ``batch`` is what :meth:`hessian_loss` reads when Sophia's estimate is due.
         """
         s = self.state
@@ -184,7 +185,7 @@ class TrainingLoop(abc.ABC):
             self.accelerator, self.optimizer, self.model.parameters(), self.section.max_grad_norm, self.scaler
         )
         if stop:  # decided from the all-reduced flag, so every rank stops at this step
-            self.stop_for_signal(float(stop))
+            self.stop_for_signal(0.0 if isinstance(stop, bool) else float(stop))
         self.guard.after_step(skipped, s, self.save)
         if not skipped:
             self.scheduler.step()

@@ -182,3 +182,22 @@ def test_machines_meet_and_a_missing_one_is_named_after_the_timeout():
     assert not errors
     with pytest.raises(LaunchError, match=r"machines 1, 2 of 3 did not join within 0.3 s"):
         machines.meet(machines.Machines(3, 0, "127.0.0.1", free_port()), timeout=0.3)
+
+
+@pytest.mark.parametrize(
+    ("pending", "flag", "reason"),
+    [
+        (None, 1024.0, "signal SIGTERM"),
+        (None, 2.0, "signal SIGINT"),
+        ("SIGINT", 1025.0, "signal SIGINT"),
+        (None, 0.0, "signal on another rank"),
+    ],
+)
+def test_a_stop_from_another_rank_records_the_signal_its_flag_names(pending, flag, reason):
+    """A rank that got no signal itself records the one the all-reduced flag names (its own wins)."""
+    from bert_mp.core.loop import LoopState
+    from bert_mp.core.training_loop import TrainingLoop
+
+    state = LoopState(pending_signal=pending)
+    TrainingLoop.stop_for_signal(SimpleNamespace(state=state), flag)
+    assert state.stop_reason == reason
