@@ -266,14 +266,18 @@ LOAD_WARNING_ENV = "BERT_MP_LOAD_WARNING"
 not depend on how busy the machine is); the load is still recorded in summary.json."""
 
 
-def load_warning(load: list[float] | None, cores: int) -> str | None:
-    """A warning when the 1-minute load average already exceeds the cores (other work shares them)."""
+def load_warning(load: list[float] | None, cores: int, processes: int = 1, threads: int = 1) -> str | None:
+    """A warning when the 1-minute load average is above the cores this run may use: other work
+    shares them. ``processes`` x ``threads``: this run's own processes on this machine and the
+    threads of each, named so the reader sees what the cores were compared with."""
     if not load or load[0] <= cores or os.environ.get(LOAD_WARNING_ENV) == "0":
         return None
+    procs = f"{processes} process{'es' if processes != 1 else ''}"
+    thr = f"{threads} thread{'s' if threads != 1 else ''}"
     return (
-        f"the load average ({load[0]:.1f}) already exceeds the {cores} cores this process may use: other "
-        "work shares this machine, so this run is slower than the machine allows and its timings are "
-        "not comparable with an idle machine's"
+        f"the load average over the last minute is {load[0]:.2f}, above the {cores} cores this run may use "
+        f"({procs} x {thr}): other work shares the machine, so this run is slower than the machine allows "
+        "and its timings do not compare with an idle machine's (summary.json records the load it met)"
     )
 
 
@@ -301,7 +305,7 @@ def announce_start(accelerator: Any, command: str, accumulation: int, plan: Any)
             device=device_label(accelerator.device),
         )
         print(line, flush=True)
-        warning = load_warning(cond.load_start, cond.cores)
+        warning = load_warning(cond.load_start, cond.cores, cond.local_processes, cond.threads)
         if warning:  # on stdout beside the start-up line: stderr stays the place for errors alone
             print(f"bert-mp {command}: warning: {warning}", flush=True)
     return cond

@@ -52,12 +52,25 @@ def test_startup_line_names_processes_threads_accumulation_precision_device():
 def test_load_warning_only_when_the_load_exceeds_the_cores(monkeypatch):
     monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
     assert c.load_warning([1.9, 1.0, 1.0], 2) is None
+    assert c.load_warning([2.0, 1.0, 1.0], 2) is None  # equal to the cores: not above them
     assert c.load_warning(None, 2) is None
     w = c.load_warning([3.2, 1.0, 1.0], 2)
     monkeypatch.setenv(c.LOAD_WARNING_ENV, "0")
     assert c.load_warning([3.2, 1.0, 1.0], 2) is None
     monkeypatch.delenv(c.LOAD_WARNING_ENV)
-    assert "3.2" in w and "2 cores" in w
+    assert "3.20" in w and "2 cores" in w
+
+
+def test_load_warning_wording_names_the_run_not_one_process(monkeypatch):
+    """A load just above the cores shows as above them (2.01, not a rounded 2.0), and the cores are
+    those of the run, whose processes and threads are counted as they are."""
+    monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
+    assert c.load_warning([2.01, 1.0, 1.0], 2, processes=2, threads=1) == (
+        "the load average over the last minute is 2.01, above the 2 cores this run may use "
+        "(2 processes x 1 thread): other work shares the machine, so this run is slower than the machine "
+        "allows and its timings do not compare with an idle machine's (summary.json records the load it met)"
+    )
+    assert "(1 process x 2 threads)" in c.load_warning([4.5, 1.0, 1.0], 2, processes=1, threads=2)
 
 
 def test_conditions_record_threads_load_and_other_processes():
@@ -81,7 +94,9 @@ def test_announce_start_prints_one_line_on_the_main_process_and_warns_when_loade
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("bert-mp train: 2 processes x ")
     assert "accumulation 3, precision bf16 (emulated), device cpu (" in lines[0]
-    assert lines[1].startswith("bert-mp train: warning: the load average (99.0) already exceeds")
+    assert lines[1].startswith(
+        "bert-mp train: warning: the load average over the last minute is 99.00, above"
+    )
     assert cond.load_start == [99.0, 1.0, 1.0] and cond.processes == 2
     other = SimpleNamespace(num_processes=2, is_main_process=False, device=torch.device("cpu"))
     c.announce_start(other, "train", 3, plan)
