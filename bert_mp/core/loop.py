@@ -117,6 +117,15 @@ def exit_code(summary: dict) -> int:
 
 def outcome_line(command: str, summary: dict, output_dir: str, result: str | None = None) -> str:
     """The line a run of ``bert-mp train`` / ``finetune`` ends with; ``result`` defaults to a stopped
-    run's (why it stopped; checkpoint saved)."""
-    result = result or f"{summary['stop_reason']}; checkpoint saved"
-    return f"bert-mp {command}: {summary['status']} after {summary['steps']} steps ({result}) -> {output_dir}"
+    run's (why it stopped; checkpoint saved), which also says how to continue it."""
+    line = f"bert-mp {command}: {summary['status']} after {summary['steps']} steps"
+    if result or summary["status"] != "stopped":
+        return f"{line} ({result or summary['status']}) -> {output_dir}"
+    return (
+        f"{line} ({summary['stop_reason']}; checkpoint saved) -> {output_dir}; "
+        f"{RESUME_HINT.format(section=command)}"
+    )
+
+
+RESUME_HINT = "continue it with the same command and {section}.resume=latest"
+"""How a stopped run goes on (the end of its stopped line); ``section`` is ``train`` or ``finetune``."""

@@ -213,7 +213,8 @@ def test_ctrl_c_during_training_saves_a_checkpoint_and_exits_130(copy, debug):
     assert summary["steps"] in (2, 3)  # the step under way when the signal landed is finished
     saved = sorted(p.name for p in (copy / "long" / "checkpoints").iterdir())
     assert saved == [f"step_{summary['steps']:08d}"]
-    assert f"bert-mp train: stopped after {summary['steps']} steps (signal SIGINT; checkpoint saved)" in out
+    stopped = f"bert-mp train: stopped after {summary['steps']} steps (signal SIGINT; checkpoint saved)"
+    assert f"{stopped} -> long; continue it with the same command and train.resume=latest" in out
 
 
 @pytest.mark.signals
