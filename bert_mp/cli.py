@@ -138,7 +138,12 @@ def _launch(argv: list[str]) -> int:
         if argv[:1] not in (["-h"], ["--help"], []):  # a config mistake: one line before any process starts
             from bert_mp.core.config import load_config
 
-            load_config(*split_config_args(launch.split_launch_args(argv)[2]))
+            _, cmd, args = launch.split_launch_args(argv)
+            cfg = load_config(*split_config_args(args))
+            if cmd == "train":
+                from bert_mp.data.prepare.cache import check_corpus
+
+                check_corpus(cfg.data)
         return int(launch.command(argv) or 0)
     except BertMPError as e:
         print(f"bert-mp launch: error: {e}", file=sys.stderr)
@@ -160,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command in CHECKED_FIRST:
             from bert_mp.core.config import load_config
 
-            load_config(*split_config_args(ns.args))
+            cfg = load_config(*split_config_args(ns.args))
+            if ns.command == "train":  # a mistyped corpus path before the start-up work, as prepare says it
+                from bert_mp.data.prepare.cache import check_corpus
+
+                check_corpus(cfg.data)
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
             from bert_mp.core.conditions import apply_default_threads
