@@ -152,6 +152,10 @@ VERDICT_HEADERS = [
 ]
 
 
+SKIP_POINTER = "see Skipped and unfinished runs"
+"""What a skipped run's cells say: its reason (a long one, alike for every group) is given once, there."""
+
+
 def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
     ref_eval = _final_eval(ga.group.by_role("reference"))
     rows = []
@@ -166,7 +170,7 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
             _check_cell(checks, c)
             for c in ("train:loss/mlm", "train:loss/nsp", "eval:eval/loss_mlm", "eval:eval/loss_nsp")
         ]
-        why = "; ".join(r for r in v["reasons"] if r)
+        why = SKIP_POINTER if v["status"] == "skipped" else "; ".join(r for r in v["reasons"] if r)
         rows.append(
             [
                 run.name,
@@ -399,7 +403,7 @@ def flags_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
             "mkldnn_matmul_fp32_precision",
         )
         autocast = str(p.get("autocast_dtype") or ("-" if p else ""))
-        note = str(p.get("note") or r.entry.reason or "")
+        note = str(p.get("note") or (SKIP_POINTER if r.status == "skipped" else r.entry.reason) or "")
         rows.append(
             [
                 r.name,
@@ -434,8 +438,11 @@ def unfinished_section(rep: Report) -> list[Section]:
     runs = [r for g in rep.groups for r in g.runs if r.status in ("skipped", "failed", "stopped", "pending")]
     if not runs:
         return []
-    rows = [[r.name, r.status, (error_suffix(r)[2:] or "-")] for r in runs]
-    return [("Skipped and unfinished runs", [Table(["run", "status", "reason"], rows)])]
+    by_reason: dict[tuple[str, str], list[str]] = {}  # runs with the same status and reason share a row
+    for r in runs:
+        by_reason.setdefault((r.status, error_suffix(r)[2:] or "-"), []).append(r.name)
+    rows = [[", ".join(names), status, reason] for (status, reason), names in by_reason.items()]
+    return [("Skipped and unfinished runs", [Table(["runs", "status", "reason"], rows)])]
 
 
 def group_summary(rep: Report, ga: GroupAnalysis) -> dict[str, Any]:
@@ -505,6 +512,7 @@ def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[st
     """A compact verdict table for the terminal; ``skips_shown``: the reasons for skipped runs were
     printed already (by the sweep, as it skipped them), so they are not repeated."""
     lines = []
+    said: dict[str, str] = {}  # a skip reason -> the run it was first given for
     for g in summary["groups"]:
         ladder = {r["name"]: r for r in g["speed_ladder"]}
         for name, v in g["verdicts"].items():
@@ -513,10 +521,14 @@ def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[st
             if (ladder.get(name) or {}).get("conditions_differ"):
                 speed = "speed not compared (run conditions differ, see the report)"
             why = "; ".join(x for x in v.get("reasons", []) if x)
+            prefix = f"{g['name']}/" if len(summary["groups"]) > 1 else ""
             if skips_shown and v["status"] == "skipped":
                 why = "(the reason is above)"
+            elif v["status"] == "skipped" and why in said:
+                why = f"(as for {said[why]})"
+            elif v["status"] == "skipped":
+                said[why] = prefix + name
             status = v["status"].upper() if v["status"] in parity.VERDICTS else v["status"]
-            prefix = f"{g['name']}/" if len(summary["groups"]) > 1 else ""
             lines.append(f"  {prefix + name:<22} {status:<12} {speed:<16} {why}")
     return lines
 

@@ -298,6 +298,7 @@ class Sweep:
                 available[p] = str(e)
         self.write_manifest()
         total = sum(len(g.runs) for g in self.groups)
+        skipped_first: dict[str, str] = {}
         i = 0
         for g in self.groups:
             for r in g.runs:
@@ -305,7 +306,9 @@ class Sweep:
                 label = f"[{i}/{total}] {r.dir}"
                 if available[r.precision] is not None:
                     r.status, r.reason = "skipped", available[r.precision]
-                    print(f"bert-mp sweep: {label}: skipped: {r.reason}", flush=True)
+                    first = skipped_first.setdefault(r.reason, r.dir)  # a reason is said once
+                    why = r.reason if first == r.dir else f"as {first}"
+                    print(f"bert-mp sweep: {label}: skipped: {why}", flush=True)
                     self.write_manifest()
                     continue
                 run_dir = self.root / r.dir
