@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     except BertMPError as e:
         if debug:
             raise
-        print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 2)
+        code = getattr(e, "exit_code", 2)
+        console.error(f"bert-mp {ns.command}: error: {e}", code)
+        return code
     except KeyboardInterrupt as e:  # Ctrl-C: one line, with or without --debug
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
         if console.is_main_process():

@@ -87,7 +87,8 @@ def batch_geometry(batch_size: int, processes: int) -> BatchGeometry:
     if batch_size % processes:
         raise ConfigError(
             f"finetune.batch_size={batch_size} must be divisible by the number of processes ({processes}): "
-            f"each takes an equal share of every step"
+            f"each takes an equal share of every step; set finetune.batch_size="
+            f"{-(-batch_size // processes) * processes}"
         )
     return BatchGeometry(batch_size, batch_size // processes, processes)
 
