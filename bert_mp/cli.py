@@ -173,8 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
             from bert_mp.core.conditions import apply_default_threads
+            from bert_mp.core.subnormal import flush_denormal
 
             apply_default_threads()
+            if cfg.hardware.flush_denormal:  # before torch's thread pool starts: its threads inherit it
+                flush_denormal(True)
         if ns.command == "report":
             return int(func(ns.path) or 0)
         if ns.command == "predict":

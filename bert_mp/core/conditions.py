@@ -14,8 +14,11 @@ import resource
 import shutil
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from bert_mp.core.subnormal import subnormal_share, threads_flushing
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """Environment variables that set the intra-op thread count; either one set means the user chose."""
@@ -201,6 +204,12 @@ class Conditions:
     """Cores used on average by other processes while the run ran (machine CPU time minus this run's
     own processes', over wall time; None where /proc/stat is missing)."""
     gpu: dict[str, Any] | None = None
+    flush_denormal: str | None = None
+    """Whether torch's CPU threads flush subnormal floats to zero (``hardware.flush_denormal``), as
+    measured at the start: on, off or partial (:mod:`bert_mp.core.subnormal`)."""
+    subnormal_share: float | None = None
+    """Share of the fp32 / bf16 values of the weights and optimizer state that were subnormal at the
+    end of the run (on a CPU each costs a slow path wherever it is read)."""
     _clock: dict[str, float] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -219,13 +228,16 @@ class Conditions:
             cpu_model=cpu_model(),
             load_start=load_average(),
             gpu=gpu_conditions(),
+            flush_denormal=threads_flushing(),
         )
         c._clock = {"wall": time.monotonic(), "own": _own_cpu_s(), "machine": _machine_busy_s() or -1.0}
         return c
 
-    def at_end(self) -> dict[str, Any]:
-        """Add the load at the end and the other processes' share, and return the block to record."""
+    def at_end(self, state: Iterable[Any] = ()) -> dict[str, Any]:
+        """Add the load at the end, the other processes' share and the subnormal share of ``state``
+        (the run's weights and optimizer state), and return the block to record."""
         self.load_end = load_average()
+        self.subnormal_share = subnormal_share(state)
         busy = _machine_busy_s()
         if self._clock and busy is not None and self._clock["machine"] >= 0:
             wall = time.monotonic() - self._clock["wall"]
@@ -252,12 +264,16 @@ def startup_line(
     accumulation: int,
     precision: str,
     device: str,
+    flush_denormal: str | None = None,
 ) -> str:
-    """The one line a training command starts with: processes, threads, accumulation, precision, device."""
+    """The one line a training command starts with: processes, threads, accumulation, precision,
+    device, and whether subnormal floats are flushed (said only where they are)."""
     procs = f"{processes} process{'es' if processes != 1 else ''}"
+    flushed = {"on": ", subnormals flushed to zero", "partial": ", subnormals flushed on some threads only"}
     return (
         f"bert-mp {command}: {procs} x {threads.threads} thread{'s' if threads.threads != 1 else ''} "
         f"({threads.source}), accumulation {accumulation}, precision {precision}, device {device}"
+        + flushed.get(flush_denormal or "", "")
     )
 
 
@@ -303,6 +319,7 @@ def announce_start(accelerator: Any, command: str, accumulation: int, plan: Any)
             accumulation=accumulation,
             precision=precision,
             device=device_label(accelerator.device),
+            flush_denormal=cond.flush_denormal,
         )
         print(line, flush=True)
         warning = load_warning(cond.load_start, cond.cores, cond.local_processes, cond.threads)

@@ -31,6 +31,7 @@ from bert_mp.core.loop import LoopState, stop_on_signals
 from bert_mp.core.optim import optimizer_step
 from bert_mp.core.precision import library_versions
 from bert_mp.core.run_guard import announce_resume
+from bert_mp.core.subnormal import state_tensors
 from bert_mp.errors import TrainingError
 
 if TYPE_CHECKING:
@@ -229,7 +230,9 @@ class TrainingLoop(abc.ABC):
             "stop_reason": s.stop_reason,
             "precision": self.precision_record(),
             "versions": library_versions(),
-            "conditions": self.conditions.at_end(),
+            "conditions": self.conditions.at_end(
+                state_tensors(getattr(self, "model", None), getattr(self, "optimizer", None))
+            ),
             **self.summary_extras(**results),
         }
         if error:

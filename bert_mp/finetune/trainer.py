@@ -41,6 +41,7 @@ from bert_mp.core.run_guard import check_output_dir
 from bert_mp.core.runlog import RunLog
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
+from bert_mp.core.subnormal import apply_flush_denormal
 from bert_mp.core.training_loop import TrainingLoop
 from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
@@ -151,6 +152,7 @@ class FineTuner(TrainingLoop):
                 f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
             )
         self.plan = resolve_plan(ft, self.cfg.hardware.allow_emulated)
+        apply_flush_denormal(self.cfg.hardware.flush_denormal)
         self.conditions = announce_start(PartialState(), "finetune", 1, self.plan)  # before the data work
         self.load_task()
         model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)

@@ -101,3 +101,27 @@ def test_announce_start_prints_one_line_on_the_main_process_and_warns_when_loade
     other = SimpleNamespace(num_processes=2, is_main_process=False, device=torch.device("cpu"))
     c.announce_start(other, "train", 3, plan)
     assert capsys.readouterr().out == ""  # every other rank stays silent
+
+
+def test_the_start_up_line_says_where_subnormals_are_flushed():
+    args = dict(
+        processes=1,
+        threads=c.ThreadChoice(2, "2 cores // 1 process"),
+        accumulation=1,
+        precision="fp32",
+        device="cpu (Test CPU)",
+    )
+    plain = c.startup_line("train", **args)
+    assert c.startup_line("train", **args, flush_denormal="off") == plain
+    assert c.startup_line("train", **args, flush_denormal="on") == plain + ", subnormals flushed to zero"
+    assert c.startup_line("train", **args, flush_denormal="partial").endswith("flushed on some threads only")
+
+
+def test_conditions_record_the_flush_and_the_subnormal_share_of_the_state():
+    from bert_mp.core.subnormal import EFFECTS
+
+    cond = c.Conditions.at_start(processes=1)
+    assert cond.flush_denormal in EFFECTS
+    state = [torch.tensor([1, 0x3F800000, 0, 2], dtype=torch.int32).view(torch.float32)]
+    d = cond.at_end(state)
+    assert d["subnormal_share"] == 0.5 and d["flush_denormal"] == cond.flush_denormal
