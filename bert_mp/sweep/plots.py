@@ -13,18 +13,24 @@ from bert_mp.sweep.results import GroupResult, Run
 COLORS = {"fp32": "black", "tf32": "tab:purple", "bf16": "tab:blue", "fp16": "tab:orange"}
 
 
-def plot_group(group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list[tuple[str, Path]]:
-    """Every plot of one group, as (caption, path); plots without data are left out."""
+def plot_group(
+    group: GroupResult, rules: parity.VerdictRules, plots_dir: Path, withheld: str | None = None
+) -> list[tuple[str, Path]]:
+    """Every plot of one group, as (caption, path); plots without data are left out. ``withheld``: why
+    the group's speed-ups are withheld (the equal-speed check's line), said on the throughput plot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plots_dir.mkdir(parents=True, exist_ok=True)
-    made: list[tuple[str, Path]] = []
-    for plot in (_plot_losses, _plot_deviation, _plot_throughput, _plot_memory, _plot_loss_scale):
-        made += plot(plt, group, rules, plots_dir)
-    return made
+    return [
+        *_plot_losses(plt, group, rules, plots_dir),
+        *_plot_deviation(plt, group, rules, plots_dir),
+        *_plot_throughput(plt, group, plots_dir, withheld),
+        *_plot_memory(plt, group, rules, plots_dir),
+        *_plot_loss_scale(plt, group, rules, plots_dir),
+    ]
 
 
 def _smoothed(run: Run, key: str, window: int) -> tuple[list[int], list[float]]:
@@ -88,16 +94,21 @@ def _plot_deviation(plt: Any, group: GroupResult, rules: parity.VerdictRules, pl
 
 
 def _measured(group: GroupResult) -> list[tuple[str, str, RunSummary]]:
-    return [(r.name, r.precision, r.summary) for r in group.runs if r.summary and r.role != "seed_spread"]
+    """Every run with a summary, both fp32 seeds included."""
+    return [(r.name, r.precision, r.summary) for r in group.runs if r.summary]
 
 
-def _plot_throughput(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
+def _plot_throughput(plt: Any, group: GroupResult, plots_dir: Path, withheld: str | None) -> list:
     tps = [(n, p, (s.throughput or {}).get("tokens_per_sec")) for n, p, s in _measured(group)]
     tps = [t for t in tps if t[2]]
     if not tps:
         return []
     path = plots_dir / f"{group.name}_tokens_per_sec.png"
-    return [("Throughput", _bar(plt, tps, "tokens / s (non-padding)", f"Throughput ({group.name})", path))]
+    title = f"Throughput ({group.name})"
+    if withheld:  # the bars are what was measured; the ratios between them are not quoted
+        title += "\nspeed-ups withheld: runs that should be equally fast differ"
+    caption = "Throughput" + (" (speed-ups withheld: see the speed ladder)" if withheld else "")
+    return [(caption, _bar(plt, tps, "tokens / s (non-padding)", title, path))]
 
 
 def _plot_memory(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
