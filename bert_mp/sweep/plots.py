@@ -170,3 +170,52 @@ def _bar(plt: Any, items: list[tuple[str, str, float]], ylabel: str, title: str,
 def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     return path
+
+
+def plot_headline(
+    group: GroupResult,
+    rules: parity.VerdictRules,
+    ladder: list[dict[str, Any]],
+    footer: str,
+    path: Path,
+) -> Path:
+    """One small picture of a sweep group: the MLM loss per precision over the fp32 seed band, and the
+    speed ladder (every run's step time; the speed-up beside it, or why it is withheld)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss, bars) = plt.subplots(1, 2, figsize=(9, 3.3), gridspec_kw={"width_ratios": [1.35, 1]})
+    _seed_band(loss, group, "loss/mlm", rules.window)
+    for run in group.runs:
+        if run.rows and run.role != "seed_spread":
+            s, v = _smoothed(run, "loss/mlm", rules.window)
+            loss.plot(s, v, color=COLORS.get(run.precision), label=run.name, lw=1.3)
+    loss.set_xlabel("step")
+    loss.set_ylabel(f"MLM loss ({rules.window}-step mean)")
+    loss.set_title("Loss by precision, fp32 seed band shaded", fontsize=10)
+    loss.grid(alpha=0.3)
+    loss.legend(fontsize=8)
+    rows = [r for r in ladder if r.get("step_ms")]
+    names = [r["name"] for r in rows][::-1]
+    values = [r["step_ms"] for r in rows][::-1]
+    colors = [COLORS.get(r["precision"], "grey") for r in rows][::-1]
+    bars.barh(names, values, color=colors, alpha=0.8)
+    withheld = any(r.get("withheld") or r.get("conditions_differ") for r in rows)
+    for i, r in enumerate(rows[::-1]):
+        sp = r.get("speedup_vs_fp32")
+        label = f" {r['step_ms']:.0f} ms" + (f"  {sp:.2f}x" if sp and not withheld else "")
+        bars.text(r["step_ms"], i, label, va="center", fontsize=8)
+    bars.set_xlim(0, max(values, default=1) * 1.45)
+    bars.set_xlabel("ms per step (lower is faster)")
+    title = "Speed ladder" + (
+        ": speed-ups withheld (runs that should be equally fast differ)" if withheld else ""
+    )
+    bars.set_title(title, fontsize=10 if not withheld else 8)
+    bars.tick_params(axis="y", labelsize=8)
+    fig.text(0.5, 0.01, footer, ha="center", fontsize=7, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=80, pil_kwargs={"optimize": True})
+    plt.close(fig)
+    return path

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.io import atomic_write_json, atomic_write_text
-from bert_mp.sweep import diagnostics, fairness, grid, parity, speed
+from bert_mp.sweep import diagnostics, grid, parity, speed
 from bert_mp.sweep.document import Block, Image, Table, fmt, mib, pct, to_html, to_markdown
 from bert_mp.sweep.plots import plot_group
 from bert_mp.sweep.record import RunSummary, SweepRecord
@@ -65,22 +65,8 @@ class Report:
         return (s.versions or s.precision.get("versions") or {}) if s else {}
 
     def analyse(self, group: GroupResult) -> GroupAnalysis:
-        # every run is on the ladder, the second fp32 seed too: its step time is the noise check
-        with_summary = [
-            {"name": r.name, "precision": r.precision, "summary": r.summary.raw}
-            for r in group.runs
-            if r.summary
-        ]
-        ref = group.by_role("reference")
         probes = {r.precision: self.probe(group, r.precision) for r in group.runs if r.role != "seed_spread"}
-        checks = speed.pair_checks(group, float(self.record.config["sweep"]["speed_noise"]))
-        ladder = speed.withhold(
-            fairness.withhold_speedups(
-                diagnostics.speed_ladder(with_summary, reference=ref.name if ref else "fp32"),
-                speed.unequal_conditions(group),
-            ),
-            checks,
-        )
+        ladder, checks = speed.checked_ladder(group, float(self.record.config["sweep"]["speed_noise"]))
         withheld = next((c.line() for c in checks if c.withholds), None)
         return GroupAnalysis(
             group=group,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bert_mp.sweep import fairness
+from bert_mp.sweep import diagnostics, fairness
 from bert_mp.sweep.document import Block, Table, cost, fmt, pct
 from bert_mp.sweep.results import GroupResult, Run
 
@@ -181,6 +181,18 @@ def withhold(ladder: list[dict[str, Any]], checks: list[PairCheck]) -> list[dict
             row["speedup_vs_fp32"] = None
             row["withheld"] = " ".join(lines)
     return ladder
+
+
+def checked_ladder(group: GroupResult, noise: float) -> tuple[list[dict[str, Any]], list[PairCheck]]:
+    """The group's speed ladder - every run, the second fp32 seed too - with its speed-ups withheld
+    where conditions differ from the reference's or the equal-speed check fails; and the checks."""
+    with_summary = [
+        {"name": r.name, "precision": r.precision, "summary": r.summary.raw} for r in group.runs if r.summary
+    ]
+    ref = group.by_role("reference")
+    checks = pair_checks(group, noise)
+    ladder = diagnostics.speed_ladder(with_summary, reference=ref.name if ref else "fp32")
+    return withhold(fairness.withhold_speedups(ladder, unequal_conditions(group)), checks), checks
 
 
 def load_notes(group: GroupResult) -> list[str]:
