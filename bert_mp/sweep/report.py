@@ -442,9 +442,9 @@ def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[st
                 said[why] = prefix + name
             status = v["status"].upper() if v["status"] in parity.VERDICTS else v["status"]
             lines.append(f"  {prefix + name:<22} {status:<12} {speed_text:<16} {why}")
-        label = f" ({g['name']})" if len(summary["groups"]) > 1 else ""
-        lines += [f"  {check_line(c)}{label}" for c in g["speed_checks"] if not c["agree"]]
-        lines += [f"  load{label}: {note}" for note in g["load_notes"]]
+        group = f"{g['name']}: " if len(summary["groups"]) > 1 else ""
+        lines += [f"  {group}{check_line(c)}" for c in g["speed_checks"] if not c["agree"]]
+        lines += [f"  {group}load: {note}" for note in g["load_notes"]]
     return lines
 
 

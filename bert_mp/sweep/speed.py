@@ -63,7 +63,10 @@ class PairCheck:
         if self.agree:
             return f"{a} and {b} agree within {self.ratio - 1:.0%} (noise bound {self.noise:.0%})"
         if self.superseded:
-            return f"{b} measured again: {self.cause}; the rerun replaces {a}"
+            return (
+                f"{self.second} measured again: {self.second_ms:.1f} ms/step, against {self.first_ms:.1f} ms/step "
+                f"earlier; {self.cause}: the rerun replaces the earlier measurement"
+            )
         return (
             f"speed-ups withheld: {a} and {b} should run equally fast but differ {self.ratio:.2f}x, beyond "
             f"the {self.noise:.0%} noise bound; likely cause: {self.cause}"

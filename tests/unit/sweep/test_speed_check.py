@@ -210,8 +210,9 @@ def test_a_rerun_is_compared_with_its_earlier_measurement(tmp_path, fake, capsys
     assert checks["seeds"]["agree"] and checks["rerun"]["superseded"] and not checks["rerun"]["withholds"]
     md = (tmp_path / "sweep" / "report.md").read_text()
     assert (
-        "fp32-seed43 (112.0 ms/step) measured again: the earlier measurement met other work (other processes "
-        "used 1.9 of 2 cores on average), this one did not; the rerun replaces fp32-seed43 (earlier) (1100.0 ms/step)"
+        "Rerun: fp32-seed43 measured again: 112.0 ms/step, against 1100.0 ms/step earlier; the earlier measurement "
+        "met other work (other processes used 1.9 of 2 cores on average), this one did not: the rerun replaces the "
+        "earlier measurement."
     ) in md
 
     fake.step_ms["bf16"] = 200.0  # bf16 measured again, idle both times, at half its speed
