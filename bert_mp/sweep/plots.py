@@ -191,7 +191,8 @@ def plot_headline(
     for run in group.runs:
         if run.rows and run.role != "seed_spread":
             s, v = _smoothed(run, "loss/mlm", rules.window)
-            loss.plot(s, v, color=COLORS.get(run.precision), label=run.name, lw=1.3)
+            style = "-" if run.role == "reference" else "--"  # a curve on top of fp32's stays visible
+            loss.plot(s, v, style, color=COLORS.get(run.precision), label=run.name, lw=1.3)
     loss.set_xlabel("step")
     loss.set_ylabel(f"MLM loss ({rules.window}-step mean)")
     loss.set_title("Loss by precision, fp32 seed band shaded", fontsize=10)
@@ -210,9 +211,9 @@ def plot_headline(
     bars.set_xlim(0, max(values, default=1) * 1.45)
     bars.set_xlabel("ms per step (lower is faster)")
     title = "Speed ladder" + (
-        ": speed-ups withheld (runs that should be equally fast differ)" if withheld else ""
+        ": speed-ups withheld\n(runs that should be equally fast differ)" if withheld else ""
     )
-    bars.set_title(title, fontsize=10 if not withheld else 8)
+    bars.set_title(title, fontsize=10 if not withheld else 9)
     bars.tick_params(axis="y", labelsize=8)
     fig.text(0.5, 0.01, footer, ha="center", fontsize=7, color="dimgrey")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
