@@ -292,8 +292,9 @@ def load_warning(load: list[float] | None, cores: int, processes: int = 1, threa
     thr = f"{threads} thread{'s' if threads != 1 else ''}"
     return (
         f"the load average over the last minute is {load[0]:.2f}, above the {cores} cores this run may use "
-        f"({procs} x {thr}): other work shares the machine, so this run is slower than the machine allows "
-        "and its timings do not compare with an idle machine's (summary.json records the load it met)"
+        f"({procs} x {thr}): other work has been sharing the machine, so this run may be slower than the "
+        "machine allows and its timings may not compare with an idle machine's (summary.json records the load "
+        "it meets while it runs)"
     )
 
 

@@ -67,8 +67,9 @@ def test_load_warning_wording_names_the_run_not_one_process(monkeypatch):
     monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
     assert c.load_warning([2.01, 1.0, 1.0], 2, processes=2, threads=1) == (
         "the load average over the last minute is 2.01, above the 2 cores this run may use "
-        "(2 processes x 1 thread): other work shares the machine, so this run is slower than the machine "
-        "allows and its timings do not compare with an idle machine's (summary.json records the load it met)"
+        "(2 processes x 1 thread): other work has been sharing the machine, so this run may be slower than the "
+        "machine allows and its timings may not compare with an idle machine's (summary.json records the load it "
+        "meets while it runs)"
     )
     assert "(1 process x 2 threads)" in c.load_warning([4.5, 1.0, 1.0], 2, processes=1, threads=2)
 
