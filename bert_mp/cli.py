@@ -138,7 +138,12 @@ def _launch(argv: list[str]) -> int:
         if argv[:1] not in (["-h"], ["--help"], []):  # a config mistake: one line before any process starts
             from bert_mp.core.config import load_config
 
-            load_config(*split_config_args(launch.split_launch_args(argv)[2]))
+            _, cmd, args = launch.split_launch_args(argv)
+            cfg = load_config(*split_config_args(args))
+            if cmd == "train":
+                from bert_mp.data.prepare.cache import check_corpus
+
+                check_corpus(cfg.data)
         return int(launch.command(argv) or 0)
     except BertMPError as e:
         print(f"bert-mp launch: error: {e}", file=sys.stderr)
@@ -160,12 +165,19 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command in CHECKED_FIRST:
             from bert_mp.core.config import load_config
 
-            load_config(*split_config_args(ns.args))
+            cfg = load_config(*split_config_args(ns.args))
+            if ns.command == "train":  # a mistyped corpus path before the start-up work, as prepare says it
+                from bert_mp.data.prepare.cache import check_corpus
+
+                check_corpus(cfg.data)
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
             from bert_mp.core.conditions import apply_default_threads
+            from bert_mp.core.subnormal import flush_denormal
 
             apply_default_threads()
+            if cfg.hardware.flush_denormal:  # before torch's thread pool starts: its threads inherit it
+                flush_denormal(True)
         if ns.command == "report":
             return int(func(ns.path) or 0)
         if ns.command == "predict":
@@ -180,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     except BertMPError as e:
         if debug:
             raise
-        print(f"bert-mp {ns.command}: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 2)
+        code = getattr(e, "exit_code", 2)
+        console.error(f"bert-mp {ns.command}: error: {e}", code)
+        return code
     except KeyboardInterrupt as e:  # Ctrl-C: one line, with or without --debug
         stop = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
         if console.is_main_process():

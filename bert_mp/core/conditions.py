@@ -14,8 +14,11 @@ import resource
 import shutil
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from bert_mp.core.subnormal import subnormal_share, threads_flushing
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """Environment variables that set the intra-op thread count; either one set means the user chose."""
@@ -201,6 +204,12 @@ class Conditions:
     """Cores used on average by other processes while the run ran (machine CPU time minus this run's
     own processes', over wall time; None where /proc/stat is missing)."""
     gpu: dict[str, Any] | None = None
+    flush_denormal: str | None = None
+    """Whether torch's CPU threads flush subnormal floats to zero (``hardware.flush_denormal``), as
+    measured at the start: on, off or partial (:mod:`bert_mp.core.subnormal`)."""
+    subnormal_share: float | None = None
+    """Share of the fp32 / bf16 values of the weights and optimizer state that were subnormal at the
+    end of the run (on a CPU each costs a slow path wherever it is read)."""
     _clock: dict[str, float] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -219,13 +228,16 @@ class Conditions:
             cpu_model=cpu_model(),
             load_start=load_average(),
             gpu=gpu_conditions(),
+            flush_denormal=threads_flushing(),
         )
         c._clock = {"wall": time.monotonic(), "own": _own_cpu_s(), "machine": _machine_busy_s() or -1.0}
         return c
 
-    def at_end(self) -> dict[str, Any]:
-        """Add the load at the end and the other processes' share, and return the block to record."""
+    def at_end(self, state: Iterable[Any] = ()) -> dict[str, Any]:
+        """Add the load at the end, the other processes' share and the subnormal share of ``state``
+        (the run's weights and optimizer state), and return the block to record."""
         self.load_end = load_average()
+        self.subnormal_share = subnormal_share(state)
         busy = _machine_busy_s()
         if self._clock and busy is not None and self._clock["machine"] >= 0:
             wall = time.monotonic() - self._clock["wall"]
@@ -253,13 +265,18 @@ def startup_line(
     accumulation: int,
     precision: str,
     device: str,
+    flush_denormal: str | None = None,
 ) -> str:
-    """The one line a training command starts with: processes, threads, accumulation, precision, device."""
+    """The one line a training command starts with: processes, threads, accumulation, precision,
+    device, the distributed strategy in force, and whether subnormal floats are flushed (said only
+    where they are)."""
     procs = f"{processes} process{'es' if processes != 1 else ''}"
     device += f", strategy {strategy}" if strategy else ""  # the distributed strategy in force
+    flushed = {"on": ", subnormals flushed to zero", "partial": ", subnormals flushed on some threads only"}
     return (
         f"bert-mp {command}: {procs} x {threads.threads} thread{'s' if threads.threads != 1 else ''} "
         f"({threads.source}), accumulation {accumulation}, precision {precision}, device {device}"
+        + flushed.get(flush_denormal or "", "")
     )
 
 
@@ -268,14 +285,19 @@ LOAD_WARNING_ENV = "BERT_MP_LOAD_WARNING"
 not depend on how busy the machine is); the load is still recorded in summary.json."""
 
 
-def load_warning(load: list[float] | None, cores: int) -> str | None:
-    """A warning when the 1-minute load average already exceeds the cores (other work shares them)."""
+def load_warning(load: list[float] | None, cores: int, processes: int = 1, threads: int = 1) -> str | None:
+    """A warning when the 1-minute load average is above the cores this run may use: other work
+    shares them. ``processes`` x ``threads``: this run's own processes on this machine and the
+    threads of each, named so the reader sees what the cores were compared with."""
     if not load or load[0] <= cores or os.environ.get(LOAD_WARNING_ENV) == "0":
         return None
+    procs = f"{processes} process{'es' if processes != 1 else ''}"
+    thr = f"{threads} thread{'s' if threads != 1 else ''}"
     return (
-        f"the load average ({load[0]:.1f}) already exceeds the {cores} cores this process may use: other "
-        "work shares this machine, so this run is slower than the machine allows and its timings are "
-        "not comparable with an idle machine's"
+        f"the load average over the last minute is {load[0]:.2f}, above the {cores} cores this run may use "
+        f"({procs} x {thr}): other work has been sharing the machine, so this run may be slower than the "
+        "machine allows and its timings may not compare with an idle machine's (summary.json records the load "
+        "it meets while it runs)"
     )
 
 
@@ -304,9 +326,10 @@ def announce_start(
             accumulation=accumulation,
             precision=precision,
             device=device_label(accelerator.device),
+            flush_denormal=cond.flush_denormal,
         )
         print(line, flush=True)
-        warning = load_warning(cond.load_start, cond.cores)
+        warning = load_warning(cond.load_start, cond.cores, cond.local_processes, cond.threads)
         if warning:  # on stdout beside the start-up line: stderr stays the place for errors alone
             print(f"bert-mp {command}: warning: {warning}", flush=True)
     return cond

@@ -8,8 +8,11 @@ line comes from the data preparation that ``bert-mp train`` runs first).
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import sys
+from pathlib import Path
 from typing import TextIO
 
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
@@ -49,3 +52,43 @@ def show(line: str, *, file: TextIO | None = None) -> None:
     """A whole line (already prefixed, or a continuation line) on the main process only."""
     if is_main_process():
         print(line, file=file or sys.stdout, flush=True)
+
+
+LAUNCH_ERRORS_ENV = "BERT_MP_LAUNCH_ERRORS"
+"""Set by ``bert-mp launch`` for the processes it starts: a folder where a rank leaves its error line
+instead of printing it, so the launcher prints one rank's line, once, and exits with its code."""
+
+
+def error(line: str, exit_code: int) -> None:
+    """A command's one error line. Under ``bert-mp launch``: left for the launcher
+    (:data:`LAUNCH_ERRORS_ENV`); otherwise on stderr in one write, so the lines of several ranks
+    (a plain ``accelerate launch``) never run together."""
+    folder = os.environ.get(LAUNCH_ERRORS_ENV)
+    if folder and Path(folder).is_dir():
+        rank = next((os.environ[v] for v in _RANK_VARS if os.environ.get(v, "").isdigit()), "0")
+        path = Path(folder) / f"rank-{int(rank):06d}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"line": line, "exit_code": exit_code}), encoding="utf-8")
+        tmp.replace(path)  # the launcher reads it whole or not at all
+        return
+    data = line + "\n"
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # a captured stream (tests)
+        sys.stderr.write(data)
+        sys.stderr.flush()
+        return
+    sys.stderr.flush()
+    os.write(fd, data.encode("utf-8", errors="replace"))
+
+
+def launch_errors(folder: str | Path) -> list[tuple[str, int]]:
+    """The error lines the ranks left in ``folder`` (see :func:`error`), lowest rank first."""
+    out = []
+    for path in sorted(Path(folder).glob("rank-*.json")):
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            out.append((str(d["line"]), int(d["exit_code"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out

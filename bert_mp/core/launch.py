@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 
 def accelerate_launch(
@@ -36,8 +37,10 @@ def accelerate_launch(
 # bert-mp launch: accelerate launch, with a signal's exit code and one line
 # --------------------------------------------------------------------------------------------------
 LAUNCHABLE = ("train", "finetune")
-_LAUNCHER_REPORT = "SignalException"
-"""What torch elastic's launcher raises on SIGINT/SIGTERM (after passing the signal to the ranks)."""
+_LAUNCHER_REPORTS = ("SignalException", "ChildFailedError", "CalledProcessError")
+"""What the launcher raises, with a traceback, after it passed on a signal (torch elastic's
+``SignalException``) or when a rank ended with an error (torch elastic's ``ChildFailedError``,
+Accelerate's one-process launcher's ``CalledProcessError``)."""
 
 
 def split_launch_args(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
@@ -99,44 +102,57 @@ def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def run_launcher(argv: Sequence[str]) -> int:
     """Run ``argv`` (an ``accelerate launch``) in its own process group and pass it every SIGINT or
-    SIGTERM this process gets, once. Without a signal: the launcher's exit code. After one: the
-    ranks save and stop, each printing as a plain ``bert-mp train`` would (the main rank's line),
-    and this returns 128 + signal; torch elastic's report of the signal it got (a traceback, exit
-    1) is dropped, anything else the launcher or a rank wrote on stderr meanwhile is shown."""
+    SIGTERM this process gets, once. After a signal the ranks save and stop, each printing as a plain
+    ``bert-mp train`` would (the main rank's line), and this returns 128 + signal. A rank that ends
+    with a mistake in the input leaves its one line for this process (``console.error``): the lowest
+    rank's line is printed once and its exit code returned (2, or 4 for a refused write). Either way
+    the launcher's own report of what happened (a traceback, exit 1) is dropped; anything else the
+    launcher or a rank wrote on stderr meanwhile is shown."""
     import contextlib
     import os
     import signal
     import subprocess
+    import tempfile
 
-    # its own group: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
-    proc = subprocess.Popen(
-        list(argv), stderr=subprocess.PIPE, text=True, process_group=0, env=launcher_env(os.environ)
-    )
-    caught: list[int] = []
+    from bert_mp.core import console
 
-    def forward(signum: int, frame: object) -> None:
-        caught.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+    with tempfile.TemporaryDirectory(prefix="bert-mp-launch-") as errors:
+        env = {**launcher_env(os.environ), console.LAUNCH_ERRORS_ENV: errors}
+        # its own group: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
+        proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, text=True, process_group=0, env=env)
+        caught: list[int] = []
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    held: list[str] = []
-    try:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            if caught and not line.startswith("bert-mp "):
-                held.append(line)  # judged once the launcher has ended
-                continue
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        code = proc.wait()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    if not caught or code == 0:
+        def forward(signum: int, frame: object) -> None:
+            caught.append(signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        held: list[str] = []
+        try:
+            for line in proc.stderr:  # type: ignore[union-attr]
+                ended = caught or any(Path(errors).iterdir())  # a signal, or a rank's error: hold the rest
+                if ended and not line.startswith("bert-mp "):
+                    held.append(line)  # judged once the launcher has ended
+                    continue
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            code = proc.wait()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        reported = console.launch_errors(errors)
+    if code == 0 or not (caught or reported):
+        sys.stderr.writelines(held)
         return code
-    if not any(_LAUNCHER_REPORT in line for line in held):
-        sys.stderr.writelines(held)  # not the launcher's own signal report: show it all
-    return 128 + caught[0]
+    if not any(report in line for line in held for report in _LAUNCHER_REPORTS):
+        sys.stderr.writelines(held)  # not the launcher's own report: show it all
+    if caught:
+        return 128 + caught[0]
+    line, rank_code = reported[0]
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    return rank_code
 
 
 def command(argv: Sequence[str]) -> int:

@@ -76,12 +76,29 @@ class BatchGeometry:
     def build(
         cls, global_batch: int, micro_batch: int, world: int, global_key: str, micro_key: str
     ) -> BatchGeometry:
-        """Check that the global batch splits evenly; the error names the keys to change."""
+        """Check that the global batch splits evenly; the error names the keys to change and a value
+        of one that works."""
         if global_batch % (micro_batch * world):
             raise ConfigError(
-                f"{global_key}={global_batch} must be a multiple of {micro_key} ({micro_batch}) x processes ({world})"
+                f"{global_key}={global_batch} must be a multiple of {micro_key} ({micro_batch}) x processes "
+                f"({world}); {working_batch(global_batch, micro_batch, world, global_key, micro_key)}"
             )
         return cls(global_batch, micro_batch, world)
+
+
+def working_batch(global_batch: int, micro_batch: int, world: int, global_key: str, micro_key: str) -> str:
+    """What to set so that ``world`` processes split the global batch: the largest micro-batch up to
+    ``micro_batch`` that divides each process's share, or (a global batch the processes cannot share
+    evenly) the next global batch that ``micro_batch`` x ``world`` divides."""
+    if global_batch % world == 0:
+        share = global_batch // world
+        fit = max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
+        return (
+            f"with {world} process{'es' if world != 1 else ''} set {micro_key}={fit} "
+            f"(accumulation {share // fit}), or change {global_key}"
+        )
+    step = micro_batch * world
+    return f"set {global_key}={-(-global_batch // step) * step} (a multiple of {micro_batch} x {world})"
 
 
 @contextlib.contextmanager
@@ -134,6 +151,15 @@ def exit_code(summary: dict) -> int:
 
 def outcome_line(command: str, summary: dict, output_dir: str, result: str | None = None) -> str:
     """The line a run of ``bert-mp train`` / ``finetune`` ends with; ``result`` defaults to a stopped
-    run's (why it stopped; checkpoint saved)."""
-    result = result or f"{summary['stop_reason']}; checkpoint saved"
-    return f"bert-mp {command}: {summary['status']} after {summary['steps']} steps ({result}) -> {output_dir}"
+    run's (why it stopped; checkpoint saved), which also says how to continue it."""
+    line = f"bert-mp {command}: {summary['status']} after {summary['steps']} steps"
+    if result or summary["status"] != "stopped":
+        return f"{line} ({result or summary['status']}) -> {output_dir}"
+    return (
+        f"{line} ({summary['stop_reason']}; checkpoint saved) -> {output_dir}; "
+        f"{RESUME_HINT.format(section=command)}"
+    )
+
+
+RESUME_HINT = "continue it with the same command and {section}.resume=latest"
+"""How a stopped run goes on (the end of its stopped line); ``section`` is ``train`` or ``finetune``."""

@@ -64,12 +64,18 @@ _COMPARED = {"train": ("data", "model", "train", "hardware"), "finetune": ("fine
 
 
 def config_changes(old: dict, new: dict, section: str) -> dict[str, tuple[Any, Any]]:
-    """``key -> (old, new)`` for every leaf of the loop's sections that differs (launch-only keys ignored)."""
-    a, b = _flat(old), _flat(new)
+    """``key -> (old, new)`` for every leaf of the loop's sections that differs (launch-only keys ignored;
+    a key the saved config lacks, written before the key existed, is no change at its default)."""
+    from bert_mp.core.config import Config, config_to_dict
+
+    a, b, default = _flat(old), _flat(new), _flat(config_to_dict(Config()))
     return {
         k: (a.get(k), b.get(k))
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and k.split(".")[0] in _COMPARED[section] and k.split(".")[-1] not in _IGNORED
+        if a.get(k) != b.get(k)
+        and k.split(".")[0] in _COMPARED[section]
+        and k.split(".")[-1] not in _IGNORED
+        and not (k not in a and k in default and b.get(k) == default[k])
     }
 
 

@@ -32,6 +32,7 @@ from bert_mp.core.machines import relay_stop
 from bert_mp.core.optim import optimizer_step
 from bert_mp.core.precision import library_versions
 from bert_mp.core.run_guard import announce_resume
+from bert_mp.core.subnormal import state_tensors
 from bert_mp.errors import TrainingError
 
 if TYPE_CHECKING:
@@ -237,7 +238,9 @@ class TrainingLoop(abc.ABC):
             "strategy": self.strategy.to_dict() if getattr(self, "strategy", None) else None,
             "precision": self.precision_record(),
             "versions": library_versions(),
-            "conditions": self.conditions.at_end(),
+            "conditions": self.conditions.at_end(
+                state_tensors(getattr(self, "model", None), getattr(self, "optimizer", None))
+            ),
             **self.summary_extras(**results),
         }
         if error:

@@ -74,6 +74,10 @@ class ReadStats:
             self.first_problem = where
 
 
+LOCAL_SOURCES = ("text", "jsonl", "csv", "parquet")
+"""``data.source`` values read from ``data.paths``."""
+
+
 def resolve_paths(patterns: list[str], stats: ReadStats | None = None) -> list[Path]:
     """Files matching the paths/globs, sorted and de-duplicated by real path (a file reached twice,
     say through a symlink, is listed once and counted in ``stats``); a pattern matching nothing is

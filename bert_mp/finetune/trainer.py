@@ -42,6 +42,7 @@ from bert_mp.core.runlog import RunLog
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.storage import write_folder_atomically
 from bert_mp.core.strategy import resolve_strategy
+from bert_mp.core.subnormal import apply_flush_denormal
 from bert_mp.core.training_loop import TrainingLoop
 from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
@@ -88,7 +89,8 @@ def batch_geometry(batch_size: int, processes: int) -> BatchGeometry:
     if batch_size % processes:
         raise ConfigError(
             f"finetune.batch_size={batch_size} must be divisible by the number of processes ({processes}): "
-            f"each takes an equal share of every step"
+            f"each takes an equal share of every step; set finetune.batch_size="
+            f"{-(-batch_size // processes) * processes}"
         )
     return BatchGeometry(batch_size, batch_size // processes, processes)
 
@@ -154,6 +156,7 @@ class FineTuner(TrainingLoop):
         self.strategy = resolve_strategy(
             PartialState(), ft, "finetune"
         )  # one line if the launch cannot give it
+        apply_flush_denormal(self.cfg.hardware.flush_denormal)
         self.conditions = announce_start(  # before the data work
             PartialState(), "finetune", 1, self.plan, strategy=self.strategy.label()
         )

@@ -55,6 +55,7 @@ from bert_mp.core.runlog import RunLog, clean
 from bert_mp.core.sophia import HessianEstimator
 from bert_mp.core.step_metrics import DeviceStepMetrics
 from bert_mp.core.strategy import Strategy, prepare_parts, resolve_strategy, shard
+from bert_mp.core.subnormal import apply_flush_denormal
 from bert_mp.core.training_loop import TrainingLoop
 from bert_mp.errors import DataError
 from bert_mp.model.attention import resolve_attention_kernel
@@ -144,6 +145,7 @@ class Trainer(TrainingLoop):
         self.config_changes = check_output_dir(self.cfg, tc)  # before any work
         self.total_steps = self.final_eval_step = tc.max_steps
         self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
+        apply_flush_denormal(self.cfg.hardware.flush_denormal)
         self.accelerator = build_accelerator(self.plan, tc.output_dir, tc.log_with)
         world = self.accelerator.num_processes
         self.geometry = BatchGeometry.build(

@@ -59,6 +59,9 @@ def differences(ref: dict[str, Any] | None, cond: dict[str, Any] | None) -> list
     gpu_a, gpu_b = (ref.get("gpu") or {}).get("name"), (cond.get("gpu") or {}).get("name")
     if gpu_a != gpu_b:
         out.append(f"GPU {gpu_b} vs {gpu_a}")
+    flush_a, flush_b = ref.get("flush_denormal"), cond.get("flush_denormal")
+    if flush_a != flush_b and None not in (flush_a, flush_b):
+        out.append(f"subnormals flushed {flush_b} vs {flush_a}")
     busy_ref, busy = is_busy(ref), is_busy(cond)
     if busy_ref != busy:
         loaded = "this run" if busy else "the reference"

@@ -22,6 +22,7 @@ def _cell(ga: Any, run: Any) -> dict[str, Any]:
     return {
         "verdict": verdict or run.status,
         "speedup_vs_fp32": (ladder.get(run.name) or {}).get("speedup_vs_fp32"),
+        "speed_withheld": bool((ladder.get(run.name) or {}).get("withheld")),
         "state_bytes": sum(mb.get(k, 0) for k in STATE) if mb else None,
         "final_eval_loss_mlm": final.get("eval/loss_mlm"),
         "emulated": bool(((run.summary.precision if run.summary else {}) or {}).get("emulated")),
@@ -45,6 +46,8 @@ def grid_summary(analyses: list[Any]) -> dict[str, dict[str, dict[str, Any]]]:
 def _text(c: dict[str, Any], fmt_bytes: Any) -> str:
     verdict = str(c["verdict"]).upper()
     speed = f"{c['speedup_vs_fp32']:.2f}x" if c["speedup_vs_fp32"] else "-"
+    if c.get("speed_withheld"):
+        speed = "speed withheld"
     loss = f"{c['final_eval_loss_mlm']:.3f}" if c["final_eval_loss_mlm"] is not None else "-"
     emulated = " (emulated)" if c["emulated"] else ""
     return f"{verdict}; {speed}{emulated}; {fmt_bytes(c['state_bytes'])}; loss {loss}"
@@ -62,7 +65,8 @@ def grid_section(analyses: list[Any], table: Any, fmt_bytes: Any) -> list[tuple[
     ]
     note = (
         "Each cell: verdict against the same optimizer's fp32 runs; speed-up over that fp32 run (emulated "
-        "modes prove numerics, not speed); parameter state (weights + gradients + optimizer state, "
+        "modes prove numerics, not speed; withheld where that optimizer's two fp32 runs disagree in speed, "
+        "see its speed ladder); parameter state (weights + gradients + optimizer state, "
         "measured by the memory probe); final evaluation MLM loss."
     )
     return [("Precision x optimizer", [table(["precision", *optimizers], rows), note])]

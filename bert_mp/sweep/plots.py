@@ -13,18 +13,24 @@ from bert_mp.sweep.results import GroupResult, Run
 COLORS = {"fp32": "black", "tf32": "tab:purple", "bf16": "tab:blue", "fp16": "tab:orange"}
 
 
-def plot_group(group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list[tuple[str, Path]]:
-    """Every plot of one group, as (caption, path); plots without data are left out."""
+def plot_group(
+    group: GroupResult, rules: parity.VerdictRules, plots_dir: Path, withheld: str | None = None
+) -> list[tuple[str, Path]]:
+    """Every plot of one group, as (caption, path); plots without data are left out. ``withheld``: why
+    the group's speed-ups are withheld (the equal-speed check's line), said on the throughput plot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plots_dir.mkdir(parents=True, exist_ok=True)
-    made: list[tuple[str, Path]] = []
-    for plot in (_plot_losses, _plot_deviation, _plot_throughput, _plot_memory, _plot_loss_scale):
-        made += plot(plt, group, rules, plots_dir)
-    return made
+    return [
+        *_plot_losses(plt, group, rules, plots_dir),
+        *_plot_deviation(plt, group, rules, plots_dir),
+        *_plot_throughput(plt, group, plots_dir, withheld),
+        *_plot_memory(plt, group, rules, plots_dir),
+        *_plot_loss_scale(plt, group, rules, plots_dir),
+    ]
 
 
 def _smoothed(run: Run, key: str, window: int) -> tuple[list[int], list[float]]:
@@ -88,16 +94,21 @@ def _plot_deviation(plt: Any, group: GroupResult, rules: parity.VerdictRules, pl
 
 
 def _measured(group: GroupResult) -> list[tuple[str, str, RunSummary]]:
-    return [(r.name, r.precision, r.summary) for r in group.runs if r.summary and r.role != "seed_spread"]
+    """Every run with a summary, both fp32 seeds included."""
+    return [(r.name, r.precision, r.summary) for r in group.runs if r.summary]
 
 
-def _plot_throughput(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
+def _plot_throughput(plt: Any, group: GroupResult, plots_dir: Path, withheld: str | None) -> list:
     tps = [(n, p, (s.throughput or {}).get("tokens_per_sec")) for n, p, s in _measured(group)]
     tps = [t for t in tps if t[2]]
     if not tps:
         return []
     path = plots_dir / f"{group.name}_tokens_per_sec.png"
-    return [("Throughput", _bar(plt, tps, "tokens / s (non-padding)", f"Throughput ({group.name})", path))]
+    title = f"Throughput ({group.name})"
+    if withheld:  # the bars are what was measured; the ratios between them are not quoted
+        title += "\nspeed-ups withheld: runs that should be equally fast differ"
+    caption = "Throughput" + (" (speed-ups withheld: see the speed ladder)" if withheld else "")
+    return [(caption, _bar(plt, tps, "tokens / s (non-padding)", title, path))]
 
 
 def _plot_memory(plt: Any, group: GroupResult, rules: parity.VerdictRules, plots_dir: Path) -> list:
@@ -158,4 +169,54 @@ def _bar(plt: Any, items: list[tuple[str, str, float]], ylabel: str, title: str,
 
 def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_headline(
+    group: GroupResult,
+    rules: parity.VerdictRules,
+    ladder: list[dict[str, Any]],
+    footer: str,
+    path: Path,
+) -> Path:
+    """One small picture of a sweep group: the MLM loss per precision over the fp32 seed band, and the
+    speed ladder (every run's step time; the speed-up beside it, or why it is withheld)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss, bars) = plt.subplots(1, 2, figsize=(9, 3.3), gridspec_kw={"width_ratios": [1.35, 1]})
+    _seed_band(loss, group, "loss/mlm", rules.window)
+    for run in group.runs:
+        if run.rows and run.role != "seed_spread":
+            s, v = _smoothed(run, "loss/mlm", rules.window)
+            style = "-" if run.role == "reference" else "--"  # a curve on top of fp32's stays visible
+            loss.plot(s, v, style, color=COLORS.get(run.precision), label=run.name, lw=1.3)
+    loss.set_xlabel("step")
+    loss.set_ylabel(f"MLM loss ({rules.window}-step mean)")
+    loss.set_title("Loss by precision, fp32 seed band shaded", fontsize=10)
+    loss.grid(alpha=0.3)
+    loss.legend(fontsize=8)
+    rows = [r for r in ladder if r.get("step_ms")]
+    names = [r["name"] for r in rows][::-1]
+    values = [r["step_ms"] for r in rows][::-1]
+    colors = [COLORS.get(r["precision"], "grey") for r in rows][::-1]
+    bars.barh(names, values, color=colors, alpha=0.8)
+    withheld = any(r.get("withheld") or r.get("conditions_differ") for r in rows)
+    for i, r in enumerate(rows[::-1]):
+        sp = r.get("speedup_vs_fp32")
+        label = f" {r['step_ms']:.0f} ms" + (f"  {sp:.2f}x" if sp and not withheld else "")
+        bars.text(r["step_ms"], i, label, va="center", fontsize=8)
+    bars.set_xlim(0, max(values, default=1) * 1.45)
+    bars.set_xlabel("ms per step (lower is faster)")
+    title = "Speed ladder" + (
+        ": speed-ups withheld\n(runs that should be equally fast differ)" if withheld else ""
+    )
+    bars.set_title(title, fontsize=10 if not withheld else 9)
+    bars.tick_params(axis="y", labelsize=8)
+    fig.text(0.5, 0.01, footer, ha="center", fontsize=7, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=80, pil_kwargs={"optimize": True})
+    plt.close(fig)
     return path

@@ -66,6 +66,10 @@ class RunEntry:
     wall_s: float | None = None
     cpu_s: float | None = None
     resumed: bool = False
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """The measurements this run replaced when ``sweep.rerun`` trained it again: ``step_ms``,
+    ``tokens_per_sec`` and ``conditions`` of each, oldest first (the report compares the newest with
+    the run's current one)."""
 
 
 @dataclass

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from bert_mp.core.io import atomic_write_json, atomic_write_text
-from bert_mp.sweep import diagnostics, fairness, grid, parity
-from bert_mp.sweep.document import Block, Image, Table, cost, fmt, mib, pct, to_html, to_markdown
+from bert_mp.sweep import diagnostics, grid, parity, speed
+from bert_mp.sweep.document import Block, Image, Table, fmt, mib, pct, to_html, to_markdown
 from bert_mp.sweep.plots import plot_group
 from bert_mp.sweep.record import RunSummary, SweepRecord
 from bert_mp.sweep.results import GroupResult, Run, error_suffix, group_verdicts, load_sweep, verdict_rules
@@ -38,6 +38,10 @@ class GroupAnalysis:
     """`` (<group>)`` when the sweep has several groups, else empty."""
     verdicts: dict[str, dict[str, Any]]
     ladder: list[dict[str, Any]]
+    speed_checks: list[speed.PairCheck]
+    """Runs that should be equally fast, compared (:mod:`bert_mp.sweep.speed`)."""
+    load_notes: list[str]
+    """The load the runs met, gathered from their recorded conditions."""
     probes: dict[str, dict[str, Any] | None]
     plots: list[tuple[str, Path]]
 
@@ -61,23 +65,18 @@ class Report:
         return (s.versions or s.precision.get("versions") or {}) if s else {}
 
     def analyse(self, group: GroupResult) -> GroupAnalysis:
-        with_summary = [
-            {"name": r.name, "precision": r.precision, "summary": r.summary.raw}
-            for r in group.runs
-            if r.summary and r.role != "seed_spread"
-        ]
-        ref = group.by_role("reference")
         probes = {r.precision: self.probe(group, r.precision) for r in group.runs if r.role != "seed_spread"}
+        ladder, checks = speed.checked_ladder(group, float(self.record.config["sweep"]["speed_noise"]))
+        withheld = next((c.line() for c in checks if c.withholds), None)
         return GroupAnalysis(
             group=group,
             label=f" ({group.name})" if len(self.groups) > 1 else "",
             verdicts=group_verdicts(group, self.rules),
-            ladder=fairness.withhold_speedups(
-                diagnostics.speed_ladder(with_summary, reference=ref.name if ref else "fp32"),
-                unequal_conditions(group),
-            ),
+            ladder=ladder,
+            speed_checks=checks,
+            load_notes=speed.load_notes(group),
             probes=probes,
-            plots=plot_group(group, self.rules, self.root / "plots"),
+            plots=plot_group(group, self.rules, self.root / "plots", withheld),
         )
 
     def probe(self, group: GroupResult, precision: str) -> dict[str, Any] | None:
@@ -168,6 +167,10 @@ VERDICT_HEADERS = [
 ]
 
 
+SKIP_POINTER = "see Skipped and unfinished runs"
+"""What a skipped run's cells say: its reason (a long one, alike for every group) is given once, there."""
+
+
 def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
     ref_eval = _final_eval(ga.group.by_role("reference"))
     rows = []
@@ -182,7 +185,7 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
             _check_cell(checks, c)
             for c in ("train:loss/mlm", "train:loss/nsp", "eval:eval/loss_mlm", "eval:eval/loss_nsp")
         ]
-        why = "; ".join(r for r in v["reasons"] if r)
+        why = SKIP_POINTER if v["status"] == "skipped" else "; ".join(r for r in v["reasons"] if r)
         rows.append(
             [
                 run.name,
@@ -196,98 +199,6 @@ def verdict_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
         )
     axes = ", ".join(f"{k}={v}" for k, v in ga.group.axes.items())
     return [(f"Verdict{ga.label}", [f"Axes: {axes}." if axes else "", Table(VERDICT_HEADERS, rows)])]
-
-
-def _speedup_cell(row: dict[str, Any]) -> str:
-    if row.get("conditions_differ"):
-        return "not compared (conditions differ)"
-    return fmt(row["speedup_vs_fp32"], ".2f") + ("x" if row["speedup_vs_fp32"] else "")
-
-
-def unequal_conditions(group: GroupResult) -> dict[str, str]:
-    """Runs of ``group`` measured under other conditions than its reference: name -> what differs."""
-    ref = group.by_role("reference")
-    runs = [(r.name, r.summary.conditions) for r in group.runs if r.summary and r.role != "seed_spread"]
-    return fairness.unequal_runs(runs, ref.name) if ref else {}
-
-
-CONDITION_HEADERS = [
-    "run",
-    "threads",
-    "processes",
-    "cores",
-    "load at start -> end",
-    "others' cores",
-    "device",
-]
-
-
-def conditions_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
-    """What each run was measured under, and which speed-ups are withheld because that differs."""
-    rows = []
-    for r in ga.group.runs:
-        c = r.summary.conditions if r.summary else None
-        if not c:
-            rows.append([r.name, "not recorded", "", "", "", "", ""])
-            continue
-        load = " -> ".join(f"{x[0]:.1f}" for x in (c.get("load_start"), c.get("load_end")) if x) or "n/a"
-        others = c.get("others_cpu_cores")
-        gpu = (c.get("gpu") or {}).get("name")
-        rows.append(
-            [
-                r.name,
-                f"{c['threads']} ({c['threads_source']})",
-                str(c["processes"]),
-                str(c["cores"]),
-                load,
-                fmt(others, ".1f"),
-                gpu or c.get("cpu_model", ""),
-            ]
-        )
-    unequal = {r["name"]: r["conditions_differ"] for r in ga.ladder if r.get("conditions_differ")}
-    blocks: list[Block] = [Table(CONDITION_HEADERS, rows)]
-    if unequal:
-        ref = ga.group.by_role("reference")
-        names = [ref.name] if ref else []
-        names += [n for n in unequal if n not in names]
-        blocks.append(
-            "**Not comparable: no speed-up is quoted for "
-            + "; ".join(f"{n} ({why})" for n, why in unequal.items())
-            + ".** Measure them again under the same conditions: "
-            + fairness.rerun_hint(rep.record.sweep_file, names)
-            + "."
-        )
-    else:
-        blocks.append(
-            "Every run was measured under the same threads, processes and devices, none beside other work "
-            "(others' cores: CPU cores other processes used on average while the run ran)."
-        )
-    return [(f"Run conditions{ga.label}", blocks)]
-
-
-def speed_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
-    entries = {r.name: r.entry for r in ga.group.runs}
-    rows = [
-        [
-            r["name"],
-            r["precision"],
-            fmt(r["step_ms"], ".1f"),
-            fmt(r["tokens_per_sec"], ".0f"),
-            _speedup_cell(r),
-            pct(r["mfu"]) if r["mfu"] is not None else "n/a",
-            cost(entries.get(r["name"])),
-        ]
-        for r in ga.ladder
-    ]
-    headers = ["run", "precision", "step ms", "tokens/s", "speed-up vs fp32", "MFU", "wall s / CPU s"]
-    note = (
-        "Mean over the steps after the throughput monitor's warm-up; ratios compare runs of the "
-        "same sweep on the same machine. MFU is n/a where the device's peak FLOP/s for the "
-        "precision is unknown (e.g. CPUs). The last column is the whole run process (start-up, "
-        "evaluation, checkpoints included): wall time and the CPU seconds it used, which stay "
-        "meaningful when other work shares the machine."
-    )
-    return [(f"Speed ladder{ga.label}", [Table(headers, rows), note])]
 
 
 def _memory_row(run: Run, probe: dict[str, Any] | None) -> list[str]:
@@ -415,7 +326,7 @@ def flags_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
             "mkldnn_matmul_fp32_precision",
         )
         autocast = str(p.get("autocast_dtype") or ("-" if p else ""))
-        note = str(p.get("note") or r.entry.reason or "")
+        note = str(p.get("note") or (SKIP_POINTER if r.status == "skipped" else r.entry.reason) or "")
         rows.append(
             [
                 r.name,
@@ -435,8 +346,8 @@ def plots_section(rep: Report, ga: GroupAnalysis) -> list[Section]:
 
 GROUP_SECTIONS = (
     verdict_section,
-    speed_section,
-    conditions_section,
+    speed.speed_section,
+    speed.conditions_section,
     memory_section,
     kernel_section,
     fp16_section,
@@ -450,8 +361,11 @@ def unfinished_section(rep: Report) -> list[Section]:
     runs = [r for g in rep.groups for r in g.runs if r.status in ("skipped", "failed", "stopped", "pending")]
     if not runs:
         return []
-    rows = [[r.name, r.status, (error_suffix(r)[2:] or "-")] for r in runs]
-    return [("Skipped and unfinished runs", [Table(["run", "status", "reason"], rows)])]
+    by_reason: dict[tuple[str, str], list[str]] = {}  # runs with the same status and reason share a row
+    for r in runs:
+        by_reason.setdefault((r.status, error_suffix(r)[2:] or "-"), []).append(r.name)
+    rows = [[", ".join(names), status, reason] for (status, reason), names in by_reason.items()]
+    return [("Skipped and unfinished runs", [Table(["runs", "status", "reason"], rows)])]
 
 
 def group_summary(rep: Report, ga: GroupAnalysis) -> dict[str, Any]:
@@ -465,6 +379,8 @@ def group_summary(rep: Report, ga: GroupAnalysis) -> dict[str, Any]:
         },
         "comparison": {n: d["comparison"] for n, d in v.items() if d.get("comparison")},
         "speed_ladder": ga.ladder,
+        "speed_checks": [c.to_dict() for c in ga.speed_checks],
+        "load_notes": ga.load_notes,
         "memory": {r.name: r.summary.memory if r.summary else None for r in ga.group.runs},
         "probes": {
             p: {k: x for k, x in (pr or {}).items() if k in ("measured_bytes", "kernel_verdict")}
@@ -521,20 +437,37 @@ def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[st
     """A compact verdict table for the terminal; ``skips_shown``: the reasons for skipped runs were
     printed already (by the sweep, as it skipped them), so they are not repeated."""
     lines = []
+    said: dict[str, str] = {}  # a skip reason -> the run it was first given for
     for g in summary["groups"]:
         ladder = {r["name"]: r for r in g["speed_ladder"]}
         for name, v in g["verdicts"].items():
-            sp = (ladder.get(name) or {}).get("speedup_vs_fp32")
-            speed = f"{sp:.2f}x fp32 speed" if sp else ""
-            if (ladder.get(name) or {}).get("conditions_differ"):
-                speed = "speed not compared (run conditions differ, see the report)"
+            row = ladder.get(name) or {}
+            sp = row.get("speedup_vs_fp32")
+            speed_text = f"{sp:.2f}x fp32 speed" if sp else ""
+            if row.get("withheld"):
+                speed_text = "speed withheld (see below)"
+            elif row.get("conditions_differ"):
+                speed_text = "speed not compared (run conditions differ, see the report)"
             why = "; ".join(x for x in v.get("reasons", []) if x)
+            prefix = f"{g['name']}/" if len(summary["groups"]) > 1 else ""
             if skips_shown and v["status"] == "skipped":
                 why = "(the reason is above)"
+            elif v["status"] == "skipped" and why in said:
+                why = f"(as for {said[why]})"
+            elif v["status"] == "skipped":
+                said[why] = prefix + name
             status = v["status"].upper() if v["status"] in parity.VERDICTS else v["status"]
-            prefix = f"{g['name']}/" if len(summary["groups"]) > 1 else ""
-            lines.append(f"  {prefix + name:<22} {status:<12} {speed:<16} {why}")
+            lines.append(f"  {prefix + name:<22} {status:<12} {speed_text:<16} {why}")
+        group = f"{g['name']}: " if len(summary["groups"]) > 1 else ""
+        lines += [f"  {group}{check_line(c)}" for c in g["speed_checks"] if not c["agree"]]
+        lines += [f"  {group}load: {note}" for note in g["load_notes"]]
     return lines
+
+
+def check_line(check: dict[str, Any]) -> str:
+    """A pair check of summary.json as its one line."""
+    keys = [f.name for f in fields(speed.PairCheck)]
+    return speed.PairCheck(**{k: check[k] for k in keys}).line()
 
 
 def command(path: str) -> int:

@@ -243,6 +243,29 @@ def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
             run.status = "failed"
 
 
+def measurement(run_dir: Path) -> dict[str, Any]:
+    """A completed run's speed and conditions, kept when ``sweep.rerun`` trains it again."""
+    summary = RunSummary.load(run_dir)
+    thr = (summary.throughput if summary else None) or {}
+    return {
+        "step_ms": thr.get("step_ms"),
+        "tokens_per_sec": thr.get("tokens_per_sec"),
+        "conditions": summary.conditions if summary else None,
+    }
+
+
+def load_line(run_dir: Path) -> str | None:
+    """What other work a finished run met, where it met some (its start-up warning, measured)."""
+    from bert_mp.sweep.fairness import is_busy
+    from bert_mp.sweep.speed import others
+
+    summary = RunSummary.load(run_dir)
+    cond = summary.conditions if summary else None
+    if not cond or not is_busy(cond):
+        return None
+    return f"warning: {others(cond)} while it ran: its timings do not compare with an idle machine's"
+
+
 class Sweep:
     """A sweep folder being filled: the plan, the manifest, and the run processes."""
 
@@ -276,7 +299,6 @@ class Sweep:
         self.record().write(self.root)
 
     def run(self) -> None:
-        from bert_mp.core.checkpoint import damaged_outputs
         from bert_mp.core.precision import resolve_precision
 
         self.check_rerun()
@@ -296,8 +318,10 @@ class Sweep:
                 available[p] = None
             except HardwareError as e:
                 available[p] = str(e)
+        self._carry_earlier_measurements()
         self.write_manifest()
         total = sum(len(g.runs) for g in self.groups)
+        skipped_first: dict[str, str] = {}
         i = 0
         for g in self.groups:
             for r in g.runs:
@@ -305,54 +329,71 @@ class Sweep:
                 label = f"[{i}/{total}] {r.dir}"
                 if available[r.precision] is not None:
                     r.status, r.reason = "skipped", available[r.precision]
-                    print(f"bert-mp sweep: {label}: skipped: {r.reason}", flush=True)
-                    self.write_manifest()
-                    continue
-                run_dir = self.root / r.dir
-                run_cfg, ovs = configs[(g.name, r.name)]
-                action = run_action(run_dir)
-                changed = changed_since(run_dir, run_cfg) if action != "fresh" else {}
-                if changed:
-                    # keyed by its resolved config: an earlier run of another config is not this run
-                    print(
-                        f"bert-mp sweep: {label}: config changed since the earlier run "
-                        f"({describe_changes(changed)}); training it again",
-                        flush=True,
-                    )
-                    action = "again"
-                if action == "keep" and self.cfg.sweep.rerun and rerun_asked(r, self.cfg.sweep.rerun):
-                    print(
-                        f"bert-mp sweep: {label}: completed earlier, training it again (sweep.rerun)",
-                        flush=True,
-                    )
-                    action = "again"
-                if action == "keep":
-                    prev = RunSummary.load(run_dir)
-                    r.status, r.reason = prev.status, prev.error
-                    print(f"bert-mp sweep: {label}: {r.status} earlier, kept", flush=True)
-                    continue
-                r.resumed = action == "resume"
-                if r.resumed and read_status(run_dir) == "completed":
-                    print(
-                        f"bert-mp sweep: {label}: completed earlier, but {damaged_outputs(run_dir)}; resuming it from "
-                        "its newest checkpoint that verifies",
-                        flush=True,
-                    )
-                extra = {"resume": ["train.resume=latest"], "again": ["train.overwrite_output_dir=true"]}
-                cmd = launch_command(
-                    self.cfg, base_file, [*ovs, *extra.get(action, [])], device.type == "cuda"
-                )
-                print(f"bert-mp sweep: {label}: {'resuming' if r.resumed else 'training'} ...", flush=True)
-                _execute(r, cmd, run_dir)
-                tail = f" ({r.reason})" if r.reason else ""
-                print(
-                    f"bert-mp sweep: {label}: {r.status} in {r.wall_s:.0f}s ({r.cpu_s:.0f} CPU s){tail}",
-                    flush=True,
-                )
+                    first = skipped_first.setdefault(r.reason, r.dir)  # a reason is said once
+                    why = r.reason if first == r.dir else f"as {first}"
+                    print(f"bert-mp sweep: {label}: skipped: {why}", flush=True)
+                else:
+                    run_cfg, ovs = configs[(g.name, r.name)]
+                    self._run_one(r, label, run_cfg, [str(base_file), *ovs], device)
                 self.write_manifest()
         if self.cfg.sweep.profile_steps > 0:
             self._diagnostics(configs, available, device)
         self.write_manifest()
+
+    def _run_one(self, r: RunEntry, label: str, run_cfg: Config, args: list[str], device: Any) -> None:
+        """Keep, resume, or train one run (``args``: its base config file and overrides)."""
+        from bert_mp.core.checkpoint import damaged_outputs
+
+        run_dir = self.root / r.dir
+        action = run_action(run_dir)
+        changed = changed_since(run_dir, run_cfg) if action != "fresh" else {}
+        if changed:
+            # keyed by its resolved config: an earlier run of another config is not this run
+            r.earlier = []
+            print(
+                f"bert-mp sweep: {label}: config changed since the earlier run "
+                f"({describe_changes(changed)}); training it again",
+                flush=True,
+            )
+            action = "again"
+        if action == "keep" and self.cfg.sweep.rerun and rerun_asked(r, self.cfg.sweep.rerun):
+            print(f"bert-mp sweep: {label}: completed earlier, training it again (sweep.rerun)", flush=True)
+            action = "again"
+            r.earlier.append(measurement(run_dir))  # the report compares the two
+        if action == "keep":
+            prev = RunSummary.load(run_dir)
+            r.status, r.reason = prev.status, prev.error
+            print(f"bert-mp sweep: {label}: {r.status} earlier, kept", flush=True)
+            return
+        r.resumed = action == "resume"
+        if r.resumed and read_status(run_dir) == "completed":
+            print(
+                f"bert-mp sweep: {label}: completed earlier, but {damaged_outputs(run_dir)}; resuming it from "
+                "its newest checkpoint that verifies",
+                flush=True,
+            )
+        extra = {"resume": ["train.resume=latest"], "again": ["train.overwrite_output_dir=true"]}
+        base_file, *ovs = args
+        cmd = launch_command(self.cfg, Path(base_file), [*ovs, *extra.get(action, [])], device.type == "cuda")
+        print(f"bert-mp sweep: {label}: {'resuming' if r.resumed else 'training'} ...", flush=True)
+        _execute(r, cmd, run_dir)
+        tail = f" ({r.reason})" if r.reason else ""
+        print(
+            f"bert-mp sweep: {label}: {r.status} in {r.wall_s:.0f}s ({r.cpu_s:.0f} CPU s){tail}", flush=True
+        )
+        loaded = load_line(run_dir)
+        if loaded:
+            print(f"bert-mp sweep: {label}: {loaded}", flush=True)
+
+    def _carry_earlier_measurements(self) -> None:
+        """The measurements ``sweep.rerun`` replaced in earlier invocations, from the sweep.json there is."""
+        try:
+            before = {r.dir: r.earlier for r in SweepRecord.load(self.root).runs}
+        except (ConfigError, OSError, ValueError):  # none yet, or written by another version
+            return
+        for g in self.groups:
+            for r in g.runs:
+                r.earlier = list(before.get(r.dir, []))
 
     def check_rerun(self) -> None:
         """``sweep.rerun`` names only runs of this sweep (before any work)."""

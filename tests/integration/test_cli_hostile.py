@@ -213,7 +213,8 @@ def test_ctrl_c_during_training_saves_a_checkpoint_and_exits_130(copy, debug):
     assert summary["steps"] in (2, 3)  # the step under way when the signal landed is finished
     saved = sorted(p.name for p in (copy / "long" / "checkpoints").iterdir())
     assert saved == [f"step_{summary['steps']:08d}"]
-    assert f"bert-mp train: stopped after {summary['steps']} steps (signal SIGINT; checkpoint saved)" in out
+    stopped = f"bert-mp train: stopped after {summary['steps']} steps (signal SIGINT; checkpoint saved)"
+    assert f"{stopped} -> long; continue it with the same command and train.resume=latest" in out
 
 
 @pytest.mark.signals
@@ -316,6 +317,18 @@ def test_config_mistakes_are_one_line_naming_the_key(tmp_path, override, expecte
     line = one_line(run_cli("train", override, "train.output_dir=run", "data.cache_dir=data", cwd=tmp_path))
     assert line.startswith(f"bert-mp train: error: {expected}"), line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("launch", [False, True], ids=["train", "launch"])
+def test_train_with_a_missing_corpus_path_is_one_line_before_the_start_up_line(tmp_path, launch):
+    """As `bert-mp prepare` says it: no start-up line, no accelerator, no process started."""
+    head = ["launch", "--num_processes", "2", "train"] if launch else ["train"]
+    bad = ["data.source=text", "data.paths=[corpus/nope*.txt]", "train.output_dir=run", "data.cache_dir=data"]
+    proc = run_cli(*head, *bad, cwd=tmp_path)
+    line = one_line(proc)
+    speaker = "bert-mp launch" if launch else "bert-mp train"
+    assert line == f"{speaker}: error: data.paths: no file matches 'corpus/nope*.txt'", line
+    assert proc.stdout == "" and list(tmp_path.iterdir()) == []
 
 
 def test_a_section_given_a_value_in_yaml_is_one_line(tmp_path):

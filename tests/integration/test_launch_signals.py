@@ -117,7 +117,8 @@ def test_launch_two_processes_stops_on_a_signal_with_its_exit_code_and_one_line(
     assert summary["batch"]["processes"] == 2
     said = [line for line in stdout.splitlines() if line.startswith("bert-mp ")]
     stopped = f"bert-mp train: stopped after {summary['steps']} steps (signal {sig.name}; checkpoint saved)"
-    assert [line for line in said if line.startswith(stopped)] == [f"{stopped} -> {out}"], stdout
+    resume = "continue it with the same command and train.resume=latest"
+    assert [line for line in said if line.startswith(stopped)] == [f"{stopped} -> {out}; {resume}"], stdout
     assert len(said) == len(set(said)), said  # the second process prints nothing of its own
     assert sum(line.startswith("bert-mp prepare: reusing") for line in said) == 1
     saved = sorted(p.name for p in (project / out / "checkpoints").iterdir())

@@ -265,6 +265,7 @@ def test_a_stopped_finetune_exits_like_train(tmp_path, ckpt, sig, code):
     lines = [line for line in stdout.splitlines() if line.startswith("bert-mp finetune:")]
     assert lines[0].startswith("bert-mp finetune: 1 process x "), lines  # the start-up line
     assert lines[1:] == [
-        f"bert-mp finetune: stopped after {summary['steps']} steps (signal {name}; checkpoint saved) -> {out}"
+        f"bert-mp finetune: stopped after {summary['steps']} steps (signal {name}; checkpoint saved) -> {out}; "
+        "continue it with the same command and finetune.resume=latest"
     ]
     assert (out / "checkpoints" / f"step_{summary['steps']:08d}" / "COMPLETE").is_file()

@@ -70,3 +70,27 @@ def test_precision_the_cpu_lacks_is_one_line_before_any_work(tmp_path):
     assert "train.precision=fp16" in lines[0] and "hardware.allow_emulated=true" in lines[0]
     assert "masked by BERT_MP_CPU_MASK" in lines[0]
     assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
+
+
+def test_flush_denormal_holds_on_every_thread_and_is_recorded(tmp_path, prepared):
+    """hardware.flush_denormal=true through the CLI: set before torch's thread pool starts, so every
+    thread flushes; the start-up line says so and summary.json records it with the subnormal share."""
+    from support import tiny_config
+
+    from bert_mp.core.config import save_config
+
+    cfg = tiny_config(tmp_path / "run", max_steps=2)
+    cfg.hardware.flush_denormal = True
+    cfg.data.cache_dir = str(tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / cfg.data.cache_key()).symlink_to(prepared)  # the fixture, as if prepared
+    save_config(cfg, tmp_path / "recipe.yaml")
+    proc = run_cli("train", "recipe.yaml", "train.progress_bar=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    effect = json.loads((tmp_path / "run" / "summary.json").read_text())["conditions"]
+    if "this CPU cannot flush them" in proc.stderr:
+        pytest.skip("this CPU cannot flush subnormals (not x86 with SSE3)")
+    start = next(line for line in proc.stdout.splitlines() if line.startswith("bert-mp train: 1 process"))
+    assert effect["flush_denormal"] == "on" and start.endswith(", subnormals flushed to zero"), proc.stdout
+    assert effect["subnormal_share"] == 0.0  # nothing can underflow into the subnormal range
+    assert "warning" not in proc.stderr

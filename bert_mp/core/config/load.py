@@ -11,6 +11,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bert_mp.core.config.suggest import unknown_key_message, unknown_section_message
 from bert_mp.core.config.tree import Config
 from bert_mp.errors import ConfigError
 
@@ -32,7 +33,14 @@ def _check_shape(base: Any, layer: Any) -> None:
     plain = OmegaConf.to_container(layer)
     if not isinstance(plain, dict):
         raise ConfigError(f"a config must be a mapping of sections (data, model, train, ...), got {plain!r}")
+    tree = {str(name): [str(k) for k in base[name]] for name in base}
     for section, value in plain.items():
+        if section not in tree:
+            raise ConfigError(unknown_section_message(str(section), list(tree)))
+        if isinstance(value, dict):
+            for key in value:
+                if key not in tree[section]:
+                    raise ConfigError(unknown_key_message(section, str(key), tree))
         if section in base and not isinstance(value, dict):
             raise ConfigError(
                 f"{section}: is a section, not a value; set its keys, e.g. {section}.<key>=... "

@@ -50,6 +50,9 @@ class SweepConfig:
     """Floor on the relative seed spread, so a nearly deterministic reference cannot fail everything."""
     divergence_rel: float = 0.5
     """Hard fail when the smoothed MLM loss leaves the reference by more than this relative amount."""
+    speed_noise: float = 0.15
+    """Runs that should be equally fast (a group's two fp32 seeds, a run and its rerun) may differ in
+    step time by this relative amount; beyond it no speed-up of the group is quoted."""
     profile_steps: int = 2
     """Profiled forward/backward passes per precision for the kernel check (0: skip diagnostics)."""
     report: bool = True
@@ -94,6 +97,7 @@ class SweepConfig:
         )
         _check(self.min_spread > 0, "sweep.min_spread", "must be > 0", self.min_spread)
         _check(self.divergence_rel > 0, "sweep.divergence_rel", "must be > 0", self.divergence_rel)
+        _check(self.speed_noise > 0, "sweep.speed_noise", "must be > 0", self.speed_noise)
         _range(self.profile_steps, "sweep.profile_steps", 0)
         if self.reference_seed is not None:
             _range(self.reference_seed, "sweep.reference_seed", 0)

@@ -13,12 +13,18 @@ from bert_mp.core.config.sweep import SweepConfig
 
 @dataclass
 class HardwareConfig:
-    """What to do where the hardware lacks a precision; read by train, finetune and sweep alike."""
+    """What to do where the hardware lacks a precision, and how the CPU treats subnormal floats; read
+    by train, finetune and sweep alike."""
 
     allow_emulated: bool = False
     """Run bf16 / fp16 on a CPU without native support (no AVX512-BF16/AMX, no AVX512-FP16/AMX-FP16)
     through torch's emulation, with a warning: the numerics of the mode at ~15-70x the fp32 matmul
     cost. Off: such a precision is refused (a sweep skips it). No effect on GPUs or native CPUs."""
+    flush_denormal: bool = False
+    """Flush subnormal floats (below 1.2e-38 in fp32 and bf16) to zero on the CPU, for every precision
+    alike: x86 CPUs compute with them tens of times slower, and optimizer states that decay towards
+    zero (LAMB, Sophia) fill with them. Strict fp32 is then no longer IEEE 754 below that bound
+    (docs/precision.md). Recorded in summary.json's conditions; no effect on GPU kernels."""
 
     def validate(self) -> None:
         pass

@@ -44,6 +44,16 @@ def is_complete(path: Path) -> bool:
     return any((Path(path) / name).is_file() for name in (MARKER, *LEGACY_MARKERS))
 
 
+def check_corpus(data: DataConfig) -> None:
+    """The files a build of ``data`` would read exist: called before a command's start-up work, so
+    a mistyped path is one line at once. Nothing to check where the prepared folder is complete
+    (training reads that, not the corpus)."""
+    from bert_mp.data.corpus import LOCAL_SOURCES, resolve_paths
+
+    if data.source in LOCAL_SOURCES and not is_complete(cache_path(data)):
+        resolve_paths(data.paths)
+
+
 def load_prepared(path: str | Path) -> PreparedData:
     """Load a folder written by :func:`bert_mp.data.prepare.build.prepare`; refuses a partial one."""
     from datasets import load_from_disk

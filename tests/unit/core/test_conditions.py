@@ -52,12 +52,26 @@ def test_startup_line_names_processes_threads_accumulation_precision_device():
 def test_load_warning_only_when_the_load_exceeds_the_cores(monkeypatch):
     monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
     assert c.load_warning([1.9, 1.0, 1.0], 2) is None
+    assert c.load_warning([2.0, 1.0, 1.0], 2) is None  # equal to the cores: not above them
     assert c.load_warning(None, 2) is None
     w = c.load_warning([3.2, 1.0, 1.0], 2)
     monkeypatch.setenv(c.LOAD_WARNING_ENV, "0")
     assert c.load_warning([3.2, 1.0, 1.0], 2) is None
     monkeypatch.delenv(c.LOAD_WARNING_ENV)
-    assert "3.2" in w and "2 cores" in w
+    assert "3.20" in w and "2 cores" in w
+
+
+def test_load_warning_wording_names_the_run_not_one_process(monkeypatch):
+    """A load just above the cores shows as above them (2.01, not a rounded 2.0), and the cores are
+    those of the run, whose processes and threads are counted as they are."""
+    monkeypatch.delenv(c.LOAD_WARNING_ENV, raising=False)
+    assert c.load_warning([2.01, 1.0, 1.0], 2, processes=2, threads=1) == (
+        "the load average over the last minute is 2.01, above the 2 cores this run may use "
+        "(2 processes x 1 thread): other work has been sharing the machine, so this run may be slower than the "
+        "machine allows and its timings may not compare with an idle machine's (summary.json records the load it "
+        "meets while it runs)"
+    )
+    assert "(1 process x 2 threads)" in c.load_warning([4.5, 1.0, 1.0], 2, processes=1, threads=2)
 
 
 def test_conditions_record_threads_load_and_other_processes():
@@ -81,8 +95,34 @@ def test_announce_start_prints_one_line_on_the_main_process_and_warns_when_loade
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("bert-mp train: 2 processes x ")
     assert "accumulation 3, precision bf16 (emulated), device cpu (" in lines[0]
-    assert lines[1].startswith("bert-mp train: warning: the load average (99.0) already exceeds")
+    assert lines[1].startswith(
+        "bert-mp train: warning: the load average over the last minute is 99.00, above"
+    )
     assert cond.load_start == [99.0, 1.0, 1.0] and cond.processes == 2
     other = SimpleNamespace(num_processes=2, is_main_process=False, device=torch.device("cpu"))
     c.announce_start(other, "train", 3, plan)
     assert capsys.readouterr().out == ""  # every other rank stays silent
+
+
+def test_the_start_up_line_says_where_subnormals_are_flushed():
+    args = dict(
+        processes=1,
+        threads=c.ThreadChoice(2, "2 cores // 1 process"),
+        accumulation=1,
+        precision="fp32",
+        device="cpu (Test CPU)",
+    )
+    plain = c.startup_line("train", **args)
+    assert c.startup_line("train", **args, flush_denormal="off") == plain
+    assert c.startup_line("train", **args, flush_denormal="on") == plain + ", subnormals flushed to zero"
+    assert c.startup_line("train", **args, flush_denormal="partial").endswith("flushed on some threads only")
+
+
+def test_conditions_record_the_flush_and_the_subnormal_share_of_the_state():
+    from bert_mp.core.subnormal import EFFECTS
+
+    cond = c.Conditions.at_start(processes=1)
+    assert cond.flush_denormal in EFFECTS
+    state = [torch.tensor([1, 0x3F800000, 0, 2], dtype=torch.int32).view(torch.float32)]
+    d = cond.at_end(state)
+    assert d["subnormal_share"] == 0.5 and d["flush_denormal"] == cond.flush_denormal

@@ -109,3 +109,44 @@ def test_saved_config_is_omegaconfs_yaml(tmp_path):
     save_config(cfg, tmp_path / "config.yaml")
     assert (tmp_path / "config.yaml").read_text() == OmegaConf.to_yaml(OmegaConf.structured(cfg))
     assert load_config(str(tmp_path / "config.yaml"), []) == cfg
+
+
+def _misspell(key: str) -> str:
+    """One letter dropped from the middle: the commonest slip."""
+    i = len(key) // 2
+    return key[:i] + key[i + 1 :]
+
+
+def test_every_key_of_every_section_misspelt_gets_a_did_you_mean_naming_it():
+    from dataclasses import fields
+
+    for section in fields(Config):
+        for key in (f.name for f in fields(section.default_factory())):
+            wrong = _misspell(key)
+            with pytest.raises(ConfigError) as err:
+                load_config(None, [f"{section.name}.{wrong}=1"])
+            message = str(err.value)
+            assert message.startswith(f"{section.name}.{wrong}: unknown key; did you mean "), message
+            assert f"{section.name}.{key}" in message.split("?")[0], message
+            assert message.endswith(f"(every key of {section.name}: bert-mp config {section.name})")
+
+
+@pytest.mark.parametrize(
+    ("override", "meant"),
+    [
+        ("data.files=[a.txt]", "data.paths"),
+        ("train.lr=0.1", "train.learning_rate"),
+        ("train.batch_size=8", "train.global_batch_size or train.micro_batch_size"),
+        ("model.max_seq_length=64", "data.max_seq_length"),
+        ("trian.max_steps=3", "train"),
+    ],
+)
+def test_other_names_for_a_key_and_keys_of_other_sections_are_suggested(override, meant):
+    with pytest.raises(ConfigError, match="did you mean " + meant):
+        load_config(None, [override])
+
+
+def test_a_misspelt_key_in_a_yaml_recipe_is_named_the_same_way(tmp_path):
+    (tmp_path / "r.yaml").write_text("data:\n  files: [a.txt]\n")
+    with pytest.raises(ConfigError, match=r"^data.files: unknown key; did you mean data.paths\?"):
+        load_config(tmp_path / "r.yaml")

@@ -100,3 +100,14 @@ def test_sweep_runs_are_keyed_by_their_resolved_config(finished):
     cfg.train.max_steps = 40
     assert changed_since(run, cfg) == {"train.max_steps": (3, 40)}
     assert changed_since(run.parent / "nothing-here", cfg) == {}
+
+
+def test_a_key_the_saved_config_lacks_is_no_change_at_its_default():
+    """A run saved before a key existed (hardware.flush_denormal, say) resumes, and is kept by a sweep,
+    unless the key is now set to something else."""
+    cfg = tiny_config("x")
+    old = config_to_dict(cfg)
+    del old["hardware"]["flush_denormal"]
+    assert config_changes(old, config_to_dict(cfg), "train") == {}
+    cfg.hardware.flush_denormal = True
+    assert config_changes(old, config_to_dict(cfg), "train") == {"hardware.flush_denormal": (None, True)}

@@ -84,7 +84,7 @@ class FakeLoop(training_loop.TrainingLoop):
         self.calls.append("set_up")
         self.total_steps, self.config_changes = self.planned, {}
         self.plan = SimpleNamespace(describe=lambda scaler: {"name": "fp16"})
-        self.conditions = SimpleNamespace(at_end=lambda: {"threads": 1})
+        self.conditions = SimpleNamespace(at_end=lambda state=(): {"threads": 1})
         self.accelerator = None  # announce_resume says nothing for a fresh start
         self.log, self.checkpointer = FakeLog(self.calls), FakeCheckpointer(self.calls)
         self.model = SimpleNamespace(

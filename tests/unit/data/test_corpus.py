@@ -117,3 +117,18 @@ def test_empty_documents_dropped_and_max_documents(tmp_path):
 def test_builtin_source_yields_real_prose():
     docs, stats = _read(max_documents=5)
     assert len(docs) == 5 and all(d.strip() for d in docs) and sum(map(len, docs)) > 1000
+
+
+def test_check_corpus_names_a_missing_path_unless_the_data_is_prepared(tmp_path):
+    """What `bert-mp train` checks before its start-up work: the corpus, where a build would read it."""
+    from bert_mp.core.config import DataConfig
+    from bert_mp.data.prepare.cache import MARKER, cache_path, check_corpus
+
+    data = DataConfig(source="text", paths=[str(tmp_path / "nope.txt")], cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError, match="data.paths: file not found: .*nope.txt"):
+        check_corpus(data)
+    folder = cache_path(data)
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("done\n")
+    check_corpus(data)  # prepared already: training reads the folder, not the corpus
+    check_corpus(DataConfig(source="builtin", cache_dir=str(tmp_path / "c")))

@@ -553,23 +553,34 @@ def test_a_pairing_worker_that_fails_ends_prepare_with_its_error_and_leaves_noth
 
 
 def test_pairing_pool_hands_out_the_longest_blocks_first(tmp_path, monkeypatch, corpus, prepared):
-    """The two workers start on the two blocks with the most characters (the rest follow as they
-    finish), so a long block never starts last; each worker appends what it starts to a file."""
-    log = tmp_path / "started.txt"
-    real = prep_blocks.BlockPairer.__call__
+    """The pool's jobs are costed by their characters and handed to the workers longest first (the
+    rest follow as workers finish), so a long block never starts last. Checked where the order is
+    decided, in this process: the jobs' costs are the blocks' characters and go down, and the
+    executor is given them in that order (which worker process starts first is the scheduler's)."""
+    from concurrent.futures import process as futures_process
 
-    def call(self, split, block, doc_ids, parts=None):
-        chars = sum(map(len, prep.take_texts(self.docs.data.table, doc_ids)))
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(f"{chars}\n")
-        return real(self, split, block, doc_ids, parts)
+    units: list = []
+    real_units = prep_pool._work_units
 
-    monkeypatch.setattr(prep_blocks.BlockPairer, "__call__", call)
-    cfg = _pooled_cfg(tmp_path, corpus, prepared)
-    prep.prepare(cfg)
-    started = [int(x) for x in log.read_text().split()]
-    assert len(started) >= 6 and len(set(started)) > 2
-    assert min(started[:2]) >= max(started[2:])
+    def work_units(*args, **kw):
+        units.extend(real_units(*args, **kw))
+        return units
+
+    submitted: list = []
+    real_submit = futures_process.ProcessPoolExecutor.submit
+
+    def submit(self, fn, /, *args, **kw):
+        submitted.append((fn.__name__, tuple(args[:2])))
+        return real_submit(self, fn, *args, **kw)
+
+    monkeypatch.setattr(prep_pool, "_work_units", work_units)
+    monkeypatch.setattr(futures_process.ProcessPoolExecutor, "submit", submit)
+    prep.prepare(_pooled_cfg(tmp_path, corpus, prepared))
+    costs = [u[0] for u in units]
+    assert len(units) >= 6 and len(set(costs)) > 2
+    assert costs == sorted(costs, reverse=True)
+    first = [("_pair_job" if u[2] is None else "_tokens_job", u[1]) for u in units]
+    assert submitted[: len(units)] == first  # handed out in that order, before any later pairing job
 
 
 @pytest.mark.parametrize("seed", range(20))

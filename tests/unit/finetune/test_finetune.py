@@ -271,6 +271,10 @@ def test_a_batch_size_the_processes_cannot_share_equally_names_the_key():
         ConfigError, match=r"finetune\.batch_size=10 must be divisible by the number of processes \(3\)"
     ):
         batch_geometry(10, 3)
+    with pytest.raises(
+        ConfigError, match=r"each takes an equal share of every step; set finetune\.batch_size=12$"
+    ):
+        batch_geometry(10, 3)
     g = batch_geometry(12, 3)
     assert (g.global_batch, g.micro_batch, g.world, g.accumulation) == (12, 4, 3, 1)
 

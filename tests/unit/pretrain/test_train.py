@@ -199,6 +199,21 @@ def test_only_a_completed_run_exits_zero():
     assert exit_code({"status": "stopped", "stop_reason": "parity: left the band"}) == 3
 
 
+def test_the_stopped_line_says_how_to_continue_the_run():
+    from bert_mp.core.loop import outcome_line
+
+    stopped = {"status": "stopped", "steps": 7, "stop_reason": "signal SIGINT"}
+    assert outcome_line("train", stopped, "runs/a") == (
+        "bert-mp train: stopped after 7 steps (signal SIGINT; checkpoint saved) -> runs/a; "
+        "continue it with the same command and train.resume=latest"
+    )
+    assert outcome_line("finetune", stopped, "runs/f").endswith("and finetune.resume=latest")
+    done = {"status": "completed", "steps": 9, "stop_reason": None}
+    assert outcome_line("train", done, "runs/a", "final eval MLM loss 6.5") == (
+        "bert-mp train: completed after 9 steps (final eval MLM loss 6.5) -> runs/a"
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # train.metrics_sync=log: step metrics read back at log points (the CUDA default), same figures
 # --------------------------------------------------------------------------------------------------

@@ -92,6 +92,11 @@ def test_differences_name_what_differs():
     assert fairness.differences(None, None) == []  # neither recorded (older bert_mp): nothing to say
     assert fairness.differences(cond(), cond(threads=1)) == ["threads 1 vs 2"]
     assert fairness.differences(cond(), cond(cpu="Other CPU")) == ["CPU Other CPU vs Test CPU 9000"]
+    flushed = {**cond(), "flush_denormal": "on"}
+    assert fairness.differences({**cond(), "flush_denormal": "off"}, flushed) == [
+        "subnormals flushed on vs off"
+    ]
+    assert fairness.differences(cond(), flushed) == []  # not recorded by the reference: nothing to compare
     busy = fairness.differences(cond(), cond(others=1.8))
     assert busy == ["other work loaded the machine during this run only"]
     assert "the reference only" in fairness.differences(cond(others=1.8), cond())[0]

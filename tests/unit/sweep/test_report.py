@@ -276,3 +276,22 @@ def test_a_run_summary_without_its_status_is_an_error(tmp_path):
     path.write_text(json.dumps(summary))
     with pytest.raises(ConfigError, match="bf16/summary.json: missing field.*status"):
         build_report(root)
+
+
+def test_a_skip_reason_is_said_once_in_the_report_and_on_the_console(tmp_path, capsys):
+    """Two groups skipping the same precision for the same (long) reason: report.md gives it once,
+    in the skipped runs' table (one row for both runs); the console gives it for the first run only."""
+    root = make_sweep(tmp_path / "sweep")
+    manifest = json.loads((root / "sweep.json").read_text())
+    skipped = next(r for r in manifest["runs"] if r["status"] == "skipped")
+    skipped["reason"] = "train.precision=tf32 needs an Ampere GPU; " + "the long part of the reason " * 12
+    other = {**skipped, "name": "tf32-b", "group": "other", "dir": "runs/other/tf32"}
+    manifest["runs"].append(other)
+    manifest["groups"].append({"name": "other", "axes": {}})
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    assert main(["report", str(root)]) == 0
+    md = (root / "report.md").read_text()
+    assert md.count(skipped["reason"]) == 1
+    assert f"| tf32, tf32-b | skipped | {skipped['reason']} |" in md
+    out = capsys.readouterr().out
+    assert out.count(skipped["reason"]) == 1 and "(as for default/tf32)" in out
