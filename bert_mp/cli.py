@@ -4,7 +4,7 @@ Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describ
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
 a traceback; ``--debug`` shows the traceback. Ctrl-C ends in one line too, ``interrupted (SIGINT)``
 (with what was left on disk where data was being prepared), exit code 130, with ``--debug`` as well.
-``bert-mp launch`` runs ``train`` / ``finetune`` under ``accelerate launch`` (bert_mp.core.launch).
+``bert-mp launch`` runs ``train`` / ``finetune`` under ``accelerate launch`` (bert_mp.core.run.launch).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import signal
 import sys
 import warnings
 
-from bert_mp.core import console
-from bert_mp.core.noise import quiet_libraries
+from bert_mp.core.run import console
+from bert_mp.core.run.noise import quiet_libraries
 from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
@@ -46,12 +46,12 @@ COMMANDS = {
         "a checkpoint (even of a stopped run) -> a Hugging Face folder",
     ),
     "launch": (
-        "bert_mp.core.launch",
+        "bert_mp.core.run.launch",
         "command",
         "accelerate launch train|finetune on N processes; Ctrl-C / SIGTERM exit 130 / 143 with one line",
     ),
     "config": (
-        "bert_mp.core.config_doc",
+        "bert_mp.core.config.reference",
         "command",
         "every config key with its type, default and description",
     ),
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
             )
             sp.add_argument("--out", help="destination folder (default: <run>/export-step_N)")
-        elif name == "launch":  # parsed by bert_mp.core.launch (accelerate's options come first)
+        elif name == "launch":  # parsed by bert_mp.core.run.launch (accelerate's options come first)
             sp.add_argument(
                 "args", nargs=argparse.REMAINDER, help="[accelerate launch options] train|finetune ..."
             )
@@ -134,7 +134,7 @@ def _launch(argv: list[str]) -> int:
     does not see them."""
     console.set_command("launch")
     try:
-        launch = importlib.import_module("bert_mp.core.launch")
+        launch = importlib.import_module("bert_mp.core.run.launch")
         if argv[:1] not in (["-h"], ["--help"], []):  # a config mistake: one line before any process starts
             from bert_mp.core.config import load_config
 
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 check_corpus(cfg.data)
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
-            from bert_mp.core.conditions import apply_default_threads
-            from bert_mp.core.subnormal import flush_denormal
+            from bert_mp.core.numerics.subnormal import flush_denormal
+            from bert_mp.core.run.conditions import apply_default_threads
 
             apply_default_threads()
             if cfg.hardware.flush_denormal:  # before torch's thread pool starts: its threads inherit it

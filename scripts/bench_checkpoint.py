@@ -4,7 +4,7 @@ One process builds the preset's ``BertForPreTraining`` (``--preset base`` by def
 110 M parameters) with bert_mp's AdamW groups and schedule, takes one optimizer step so the Adam
 moments exist, and then saves the same state ``--repeat`` rounds, each round measuring back to back
 
-- ``hashed``: ``bert_mp.core.checkpoint.save_checkpoint`` as training calls it (the state streamed
+- ``hashed``: ``bert_mp.core.checkpoint.store.save_checkpoint`` as training calls it (the state streamed
   through xxh3-128 while written, every file fsynced, the manifest, the rename);
 - ``unhashed``: the very same save with the hasher replaced by one that does nothing (the baseline
   the checksum cost is measured against);
@@ -50,7 +50,7 @@ class _NoHash:
 
 @contextmanager
 def _unhashed():
-    from bert_mp.core import integrity
+    from bert_mp.core.storage import checksums as integrity
 
     real = integrity.new_hasher
     integrity.new_hasher = _NoHash
@@ -65,7 +65,7 @@ def build_state(preset: str, vocab: int):
     from accelerate import Accelerator
 
     from bert_mp.core.config import ModelConfig, TrainConfig
-    from bert_mp.core.optim import build_optimizer, build_scheduler
+    from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler
     from bert_mp.model.bert import PretrainingModel, build_model
 
     torch.manual_seed(0)
@@ -85,13 +85,13 @@ def build_state(preset: str, vocab: int):
 
 
 def _save_bert_mp(acc, root: Path, step: int) -> Path:
-    from bert_mp.core import checkpoint as ckpt
+    from bert_mp.core.checkpoint import store as ckpt
 
     return ckpt.save_checkpoint(acc, root, step, {"step": step, "epoch": 0, "batch_in_epoch": step}, 100)
 
 
 def _save_accelerate(acc, root: Path, step: int) -> Path:
-    from bert_mp.core.io import atomic_write_json
+    from bert_mp.core.storage.files import atomic_write_json
 
     folder = root / f"step_{step:08d}"
     acc.save_state(str(folder))
@@ -111,7 +111,8 @@ def _timed(fn, *args) -> tuple[tuple[float, float], object]:  # noqa: ANN001
 
 def measure(acc, workdir: Path, repeat: int) -> dict:
     """Seconds per arm and round (after an untimed warm-up round); checkpoint size."""
-    from bert_mp.core import integrity, storage
+    from bert_mp.core.storage import checksums as integrity
+    from bert_mp.core.storage import disk as storage
 
     arms = ["hashed", "unhashed", "accelerate"]
     seconds: dict[str, list[float]] = {a: [] for a in [*arms, "verify"]}

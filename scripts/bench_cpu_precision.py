@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bert_mp.core.precision import cpu_capabilities, device_name, library_versions
+from bert_mp.core.numerics.precision import cpu_capabilities, device_name, library_versions
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -21,7 +21,7 @@ kernels' time (launch gaps, host work the device waits for).
 ``--large``: BERT-large at seq 512 on packed rows (``data.pack_pairs``, unpadded), bf16 and fp8
 (torchao float8), speed rows, then ``--large-steps`` steps of bf16 with two seeds and fp8 with the
 first, and fp8's parity verdict against bf16 with the bf16 seed spread as tolerance (the sweep's
-rules: ``bert_mp.sweep.parity``).
+rules: ``bert_mp.core.loop.parity``).
 """
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ def parity(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, repor
     """``--large-steps`` steps each of bf16 (seeds 1, 2) and fp8 (seed 1); fp8's verdict against bf16."""
     from bench_train import bench_bert_mp
 
-    from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
+    from bert_mp.core.loop.parity import VerdictRules, load_curves, verdict
 
     runs = {"bf16": ("bf16", 1), "bf16_seed2": ("bf16", 2), "fp8": ("fp8", 1)}
     bargs = _bench_args(args, args.large_preset, args.large_steps, 0, args.large_seq, args.large_micro_batch)
@@ -410,7 +410,7 @@ def main() -> None:
     p.add_argument("--large-steps", type=int, default=200, help="steps of each parity run")
     p.add_argument("--allow-emulated", action="store_true", help="CPU rehearsal: bf16 / fp8 emulated")
     args = p.parse_args()
-    from bert_mp.core.precision import device_name, library_versions
+    from bert_mp.core.numerics.precision import device_name, library_versions
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)

@@ -20,7 +20,7 @@ import torch
 from transformers import BertForPreTraining
 
 from bert_mp.core.config import ModelConfig, TrainConfig
-from bert_mp.core.precision import device_name, library_versions, resolve_precision
+from bert_mp.core.numerics.precision import device_name, library_versions, resolve_precision
 from bert_mp.model.bert import PretrainingModel, bert_config
 from bert_mp.sweep.diagnostics import probe_precision, synthetic_batch
 

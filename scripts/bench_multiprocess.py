@@ -26,8 +26,8 @@ from fault_drill import DrillSpec, child_env, drill_config, prepare_builtin
 from safetensors.torch import load_file
 
 from bert_mp.core.config import save_config
-from bert_mp.core.io import read_jsonl
-from bert_mp.core.launch import accelerate_launch
+from bert_mp.core.run.launch import accelerate_launch
+from bert_mp.core.storage.files import read_jsonl
 
 ACCELERATE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu_multiprocess.yaml"
 

@@ -120,7 +120,7 @@ def baseline_setup(data, args, order: np.ndarray, device: torch.device):
 
 def bench_baseline(data, args, order: np.ndarray, device: torch.device, precision: str = "fp32") -> dict:
     """The plain HF loop on pre-collated batches on ``device``: strict fp32, or bf16 autocast."""
-    from bert_mp.core.precision import resolve_precision
+    from bert_mp.core.numerics.precision import resolve_precision
 
     plan = resolve_precision(precision, device)
     plan.apply_backend_flags()
@@ -169,7 +169,7 @@ def bench_bert_mp(
     config keys set last (``{"train.compile_mode": "reduce-overhead"}``), as on the command line.
     """
     from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
-    from bert_mp.core.io import read_jsonl
+    from bert_mp.core.storage.files import read_jsonl
     from bert_mp.pretrain.trainer import train
 
     _reset_accelerate()
@@ -232,7 +232,7 @@ def bench_bert_mp(
 def write_progress(out: str, device: torch.device, rounds: list[dict], res: dict) -> None:
     """Each run's figures the moment they are measured (``"partial": true``), so a run cut at a
     deadline still leaves every row it finished; the final report replaces this file."""
-    from bert_mp.core.precision import device_name
+    from bert_mp.core.numerics.precision import device_name
 
     done = rounds[0] if rounds else res  # the first round's rows (a later round only refines them)
     report = {"partial": True, "device": device_name(device), "device_type": device.type, "results": done}
@@ -276,7 +276,7 @@ def corpus_data(corpus: str, args, work: Path):
 
 def bench_paths(args) -> None:
     """Padded vs unpadded (vs packed, vs compiled) bert_mp and the plain HF loop, per corpus, in one run."""
-    from bert_mp.core.precision import device_name, library_versions
+    from bert_mp.core.numerics.precision import device_name, library_versions
     from bert_mp.pretrain.batches import epoch_order
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -574,7 +574,7 @@ def main() -> None:
         args.argv = sys.argv[1:]
         return bench_paths(args)
 
-    from bert_mp.core.precision import device_name, library_versions, resolve_precision
+    from bert_mp.core.numerics.precision import device_name, library_versions, resolve_precision
     from bert_mp.errors import HardwareError
 
     device = torch.device(

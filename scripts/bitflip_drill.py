@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fault_drill as kill  # noqa: E402 (the kill drill's helpers, beside this script)
 
-from bert_mp.core import checkpoint as ckpt  # noqa: E402
+from bert_mp.core.checkpoint import store as ckpt  # noqa: E402
 
 
 @dataclass

@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core import hold
+from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.config import Config, load_config, save_config
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.run import hold
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.pretrain import trainer as train_mod
 
 # metrics.jsonl fields that depend on wall-clock time or the machine, not on the computation
@@ -236,7 +236,7 @@ def _wait_held(proc: subprocess.Popen, ready: Path) -> bool:
 
 
 def hold_point(rec: KillRecord) -> str:
-    """Where the process holds for ``rec``'s signal (:mod:`bert_mp.core.hold`): inside the write of
+    """Where the process holds for ``rec``'s signal (:mod:`bert_mp.core.run.hold`): inside the write of
     checkpoint ``target`` at ``stage``, or after step ``target``."""
     if rec.aim == "write":
         return f"checkpoint:{rec.target}:{rec.stage}"

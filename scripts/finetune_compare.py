@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from bert_mp.core.config import FinetuneConfig, load_config
-from bert_mp.core.io import atomic_write_json, atomic_write_text
-from bert_mp.core.precision import device_name, library_versions
+from bert_mp.core.numerics.precision import device_name, library_versions
+from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
 from bert_mp.finetune.metrics import classification_metrics
 from bert_mp.finetune.model import load_tokenizer, resolve_checkpoint
 from bert_mp.finetune.tasks import build_label_space, encode_labels, load_task

@@ -817,7 +817,7 @@ from bert_mp.core.config import ModelConfig
 from bert_mp.sweep.diagnostics import probe_precision, synthetic_batch
 from bert_mp.errors import HardwareError
 from bert_mp.model.bert import PretrainingModel, bert_config
-from bert_mp.core.precision import resolve_precision
+from bert_mp.core.numerics.precision import resolve_precision
 out, preset, batch, seq, vocab = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 res = {}

@@ -76,7 +76,7 @@ def profile_path(data, args, path: str, out: Path, extra: dict | None = None, da
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.enable_kernel_profile = True
-    import bert_mp.core.training_loop as loop
+    import bert_mp.core.loop.skeleton as loop
 
     events: list = []
     schedule = torch.profiler.schedule(wait=args.warmup, warmup=0, active=args.steps, repeat=1)

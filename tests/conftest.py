@@ -44,7 +44,7 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    from bert_mp.core.precision import cpu_capabilities
+    from bert_mp.core.numerics.precision import cpu_capabilities
 
     caps = cpu_capabilities().as_dict()
     return (

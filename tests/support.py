@@ -179,8 +179,8 @@ def run_config(config_path: Path, data_root: Path, stop_at: int | None = None) -
     What a fresh process runs (:func:`run_in_subprocess_main`); a fresh-process test also calls it
     directly for the runs it compares against, so that only the run it is about pays a process start.
     """
-    from bert_mp.core import callbacks
     from bert_mp.core.config import load_config
+    from bert_mp.core.loop import callbacks
     from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import exit_code, train
 
@@ -597,12 +597,12 @@ def golden_record(name: str, key: str | None, value: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# acting on a running process: hold it at a named point first (bert_mp.core.hold), never race it
+# acting on a running process: hold it at a named point first (bert_mp.core.run.hold), never race it
 # --------------------------------------------------------------------------------------------------
 def hold_env(point: str, ready: Path) -> dict[str, str]:
     """Environment that stops a command at ``point`` (``step:2``, ``prepare:paired``, ...) until a
     signal reaches it; ``ready`` appears once it is there."""
-    from bert_mp.core.hold import HOLD_ENV, READY_ENV
+    from bert_mp.core.run.hold import HOLD_ENV, READY_ENV
 
     Path(ready).unlink(missing_ok=True)
     return {HOLD_ENV: point, READY_ENV: str(ready)}
@@ -675,7 +675,7 @@ def launch_config(
     with its own rendezvous port; ``stop_at``: stop (and save) after that step. Asserts that the
     launcher exits with one of ``codes``."""
     from bert_mp.core.config import save_config
-    from bert_mp.core.launch import accelerate_launch
+    from bert_mp.core.run.launch import accelerate_launch
 
     cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
     save_config(cfg, cfg_path)

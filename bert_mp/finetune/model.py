@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.export import verify_export
-from bert_mp.core.hub import resolve_hub_model
-from bert_mp.core.io import looks_like_local_path
+from bert_mp.core.checkpoint.hf_folder import verify_export
+from bert_mp.core.run.hub import resolve_hub_model
+from bert_mp.core.storage.files import looks_like_local_path
 from bert_mp.errors import ConfigError
 from bert_mp.finetune.tasks import LabelSpace
 
@@ -36,7 +36,7 @@ def resolve_checkpoint(ref: str | None) -> str:
     """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early.
 
     A reference that looks local and is no folder fails at once; any other gets one quick question to
-    the Hub (:func:`bert_mp.core.hub.resolve_hub_model`), never a wait on retries.
+    the Hub (:func:`bert_mp.core.run.hub.resolve_hub_model`), never a wait on retries.
     """
     from transformers import AutoConfig
 

@@ -3,11 +3,11 @@
 The classifier comes from :mod:`bert_mp.finetune.model` (checkpoint and tokenizer resolution), the
 tokenised splits from :mod:`bert_mp.finetune.tasks`, evaluation and best-model selection from
 :mod:`bert_mp.finetune.metrics`; this module holds fine-tuning's parts of the loop. The loop itself
-is the skeleton pretraining runs too (:class:`bert_mp.core.training_loop.TrainingLoop`: the run, the
+is the skeleton pretraining runs too (:class:`bert_mp.core.loop.skeleton.TrainingLoop`: the run, the
 optimizer update, a signal stop, saving, the stopped end) - Accelerate, one precision plan from
-:mod:`bert_mp.core.precision`, fp32 loss, fp16 steps skipped by the scaler advance neither the
+:mod:`bert_mp.core.numerics.precision`, fp32 loss, fp16 steps skipped by the scaler advance neither the
 scheduler nor the step count - over the training core it shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
-collapse), epoch order (:func:`bert_mp.core.epochs.epoch_order`), checkpoints and resume
+collapse), epoch order (:func:`bert_mp.core.loop.epochs.epoch_order`), checkpoints and resume
 (``finetune.resume=latest``), SIGTERM handling and run log. It writes ``config.yaml``,
 ``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every ``finetune.save_every``
 steps) and ``final/`` (save_pretrained + tokenizer) into ``finetune.output_dir``.
@@ -25,25 +25,25 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
-from bert_mp.core import console
-from bert_mp.core.accelerator import build_accelerator, resolve_plan
-from bert_mp.core.callbacks import Callback, LoopStepFacts, LossScaleMonitor, TrainContext
-from bert_mp.core.checkpointer import Checkpointer
-from bert_mp.core.conditions import announce_start
+from bert_mp.core.checkpoint.hf_folder import finish_hf_folder
 from bert_mp.core.config import Config, load_config
-from bert_mp.core.epochs import epoch_order
-from bert_mp.core.export import finish_hf_folder
-from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.loop import BatchGeometry, exit_code, outcome_line, signal_flag
-from bert_mp.core.optim import Schedule, build_optimizer, build_scheduler
-from bert_mp.core.precision import install_scaler
-from bert_mp.core.run_guard import check_output_dir
-from bert_mp.core.runlog import RunLog
-from bert_mp.core.sophia import HessianEstimator
-from bert_mp.core.storage import write_folder_atomically
-from bert_mp.core.strategy import resolve_strategy
-from bert_mp.core.subnormal import apply_flush_denormal
-from bert_mp.core.training_loop import TrainingLoop
+from bert_mp.core.loop.callbacks import Callback, LoopStepFacts, LossScaleMonitor, TrainContext
+from bert_mp.core.loop.checkpoint_saver import Checkpointer
+from bert_mp.core.loop.epochs import epoch_order
+from bert_mp.core.loop.numerics_guard import NumericsGuard
+from bert_mp.core.loop.run_log import RunLog
+from bert_mp.core.loop.skeleton import TrainingLoop
+from bert_mp.core.loop.state import BatchGeometry, exit_code, outcome_line, signal_flag
+from bert_mp.core.numerics.hessian import HessianEstimator
+from bert_mp.core.numerics.optimizers import Schedule, build_optimizer, build_scheduler
+from bert_mp.core.numerics.precision import install_scaler
+from bert_mp.core.numerics.subnormal import apply_flush_denormal
+from bert_mp.core.run import console
+from bert_mp.core.run.accelerator import build_accelerator, resolve_plan
+from bert_mp.core.run.conditions import announce_start
+from bert_mp.core.run.run_dir import check_output_dir
+from bert_mp.core.run.strategy import resolve_strategy
+from bert_mp.core.storage.disk import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
 from bert_mp.finetune.model import (
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 
 class EpochSampler(Sampler[int]):
-    """A fresh permutation per epoch (:func:`bert_mp.core.epochs.epoch_order`): reruns see the same order."""
+    """A fresh permutation per epoch (:func:`bert_mp.core.loop.epochs.epoch_order`): reruns see the same order."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed, self.epoch = n, seed, 0
@@ -96,7 +96,7 @@ def batch_geometry(batch_size: int, processes: int) -> BatchGeometry:
 
 
 class FineTuner(TrainingLoop):
-    """One fine-tuning run over the shared loop skeleton (:class:`bert_mp.core.training_loop.TrainingLoop`).
+    """One fine-tuning run over the shared loop skeleton (:class:`bert_mp.core.loop.skeleton.TrainingLoop`).
     ``build_classifier`` is the seam for tests that inject faults into the model."""
 
     command = "finetune"
@@ -320,7 +320,7 @@ class FineTuner(TrainingLoop):
         self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
 
     def hessian_loss(self, batch: tuple[dict, torch.Tensor]) -> Callable[[], torch.Tensor]:
-        """The step's loss for Sophia's Hutchinson estimate (see :mod:`bert_mp.core.sophia`)."""
+        """The step's loss for Sophia's Hutchinson estimate (see :mod:`bert_mp.core.numerics.hessian`)."""
         inputs, targets = batch
 
         def loss() -> torch.Tensor:

@@ -109,8 +109,8 @@ def build_model(
 def check_init_from(model_cfg: ModelConfig) -> str | None:
     """What ``model.init_from`` loads: a local folder, or a Hub name asked about once (its cached copy
     where the Hub is out of reach). A local-looking path that is no folder fails at once."""
-    from bert_mp.core.hub import resolve_hub_model
-    from bert_mp.core.io import looks_like_local_path
+    from bert_mp.core.run.hub import resolve_hub_model
+    from bert_mp.core.storage.files import looks_like_local_path
 
     source = model_cfg.init_from
     if not source:
@@ -121,7 +121,7 @@ def check_init_from(model_cfg: ModelConfig) -> str | None:
             f"model.init_from={source}: no config.json there (expected a save_pretrained folder)"
         )
     if path.is_dir():
-        from bert_mp.core.export import verify_export
+        from bert_mp.core.checkpoint.hf_folder import verify_export
 
         verify_export(path, f"model.init_from={source}")
     if path.exists():

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from bert_mp.core.epochs import epoch_order
+from bert_mp.core.loop.epochs import epoch_order
 
 
 class IndexedSplit(Dataset):

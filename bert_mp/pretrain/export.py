@@ -1,7 +1,7 @@
 """``bert-mp export RUN_OR_CHECKPOINT``: a pretraining checkpoint (even of a stopped run) -> a Hugging
 Face folder, and the model card's facts of a pretraining export.
 
-The folder is finished like every other export (:func:`bert_mp.core.export.finish_hf_folder`: the
+The folder is finished like every other export (:func:`bert_mp.core.checkpoint.hf_folder.finish_hf_folder`: the
 tokenizer's length limit, a model card, weight checksums) and written atomically.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core import storage
-from bert_mp.core.export import finish_hf_folder
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.checkpoint.hf_folder import finish_hf_folder
+from bert_mp.core.storage import disk as storage
 from bert_mp.errors import ConfigError
 
 
@@ -172,7 +172,7 @@ def export_checkpoint(ref: str | Path, out: str | Path | None = None) -> Path:
 
 def evaluation_at(run: Path, step: int) -> tuple[dict | None, int | None]:
     """The run's evaluation at ``step`` (else its last one before it) from metrics.jsonl, and its step."""
-    from bert_mp.core.io import read_jsonl
+    from bert_mp.core.storage.files import read_jsonl
 
     path = Path(run) / "metrics.jsonl"
     rows = read_jsonl(path) if path.is_file() else []
@@ -187,8 +187,8 @@ def evaluation_at(run: Path, step: int) -> tuple[dict | None, int | None]:
 def _checkpoint_model(folder: Path, model: Any) -> Any:
     """``model`` with the weights of a verified checkpoint's ``model.safetensors`` (keys HF-native), or
     of its FSDP shards (``sharded/``, gathered in this process)."""
-    from bert_mp.core.sharding import SHARDED_DIR, read_model
-    from bert_mp.core.state_io import StateFileError, read_safetensors
+    from bert_mp.core.checkpoint.state_codec import StateFileError, read_safetensors
+    from bert_mp.core.run.sharding import SHARDED_DIR, read_model
 
     if (folder / SHARDED_DIR).is_dir():
         try:

@@ -3,7 +3,7 @@
 The pretraining loop hands each callback the raw facts of an optimizer step (a :class:`StepFacts`:
 loss sums and counts over all micro-batches and ranks, token counts, wall times); turning them into
 metrics - MFU included - is the monitors' job. The protocol, the callback state in checkpoints and
-the monitors fine-tuning shares (memory, loss scale) are :mod:`bert_mp.core.callbacks`.
+the monitors fine-tuning shares (memory, loss scale) are :mod:`bert_mp.core.loop.callbacks`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bert_mp.core.callbacks import (
+from bert_mp.core.loop.callbacks import (
     BaseCallback,
     Callback,
     LoopStepFacts,
@@ -23,7 +23,7 @@ from bert_mp.core.callbacks import (
     MemoryMonitor,
     TrainContext,
 )
-from bert_mp.core.loop import LoopState
+from bert_mp.core.loop.state import LoopState
 from bert_mp.errors import ConfigError
 
 
@@ -246,7 +246,7 @@ REGISTRY: dict[str, Any] = {
     "loss": LossMonitor,
     "memory": MemoryMonitor,
     "loss_scale": LossScaleMonitor,
-    "parity": "bert_mp.sweep.parity:ParityCallback",
+    "parity": "bert_mp.core.loop.parity:ParityCallback",
 }
 
 

@@ -1,4 +1,4 @@
-"""Pretraining's run guard: :func:`bert_mp.core.run_guard.check_output_dir`, and a resume onto
+"""Pretraining's run guard: :func:`bert_mp.core.run.run_dir.check_output_dir`, and a resume onto
 prepared data rebuilt with other bytes refused (unless ``train.allow_data_change``), before any
 work where that data exists already."""
 
@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core import run_guard
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.run import run_dir as run_guard
 from bert_mp.errors import TrainingError
 
 
 def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
-    """:func:`bert_mp.core.run_guard.check_output_dir`, then (on a ``train`` resume) the data check."""
+    """:func:`bert_mp.core.run.run_dir.check_output_dir`, then (on a ``train`` resume) the data check."""
     changes = run_guard.check_output_dir(cfg, section)
     saved = Path(section.output_dir) / "config.yaml"  # without it, a resume starts afresh
     if section.resume and saved.is_file() and not section.allow_data_change:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from bert_mp.core.distributed import backward_kwargs, set_micro_batch_boundary
+from bert_mp.core.run.distributed import backward_kwargs, set_micro_batch_boundary
 from bert_mp.model.bert import drop_full_attention_mask, mark_step
 from bert_mp.pretrain.monitors import LossSums, attention_flops_tokens
 

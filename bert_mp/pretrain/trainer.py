@@ -1,13 +1,13 @@
 """``bert-mp train``: pretrain ``BertForPreTraining`` with Accelerate under fp32 / tf32 / bf16 / fp16.
 
 The loop's skeleton - ``run``, the update after a backward, saving, the stopped end, the summary's
-common fields - is :class:`bert_mp.core.training_loop.TrainingLoop`; :class:`Trainer` supplies
+common fields - is :class:`bert_mp.core.loop.skeleton.TrainingLoop`; :class:`Trainer` supplies
 pretraining's parts: set-up (data, model, callbacks), the loader, the step (:mod:`.step`), the
 device-side step metrics and their flush, evaluation, and the end of a finished run (final
 evaluation, save, export). The shared core objects: the accelerator and precision plan
-(:mod:`bert_mp.core.accelerator`), the numerics guard (:mod:`bert_mp.core.guard`), the run log
-(:mod:`bert_mp.core.runlog`) and the checkpointer, which knows when to save
-(:mod:`bert_mp.core.checkpointer`).
+(:mod:`bert_mp.core.run.accelerator`), the numerics guard (:mod:`bert_mp.core.loop.numerics_guard`), the run log
+(:mod:`bert_mp.core.loop.run_log`) and the checkpointer, which knows when to save
+(:mod:`bert_mp.core.loop.checkpoint_saver`).
 
 Semantics worth knowing:
 
@@ -32,16 +32,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core import console
-from bert_mp.core.accelerator import build_accelerator, resolve_plan
-from bert_mp.core.checkpointer import Checkpointer
-from bert_mp.core.conditions import announce_start
+from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.config import Config, load_config
-from bert_mp.core.cuda import loader_kwargs
-from bert_mp.core.distributed import configure_deepspeed, configure_fsdp
-from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp train`'s own
+from bert_mp.core.loop.checkpoint_saver import Checkpointer
+from bert_mp.core.loop.numerics_guard import NumericsGuard
+from bert_mp.core.loop.run_log import RunLog, clean
+from bert_mp.core.loop.skeleton import TrainingLoop
+from bert_mp.core.loop.state import (  # the exit codes are re-exported: `bert-mp train`'s own
     STOP_EXIT_CODES,  # noqa: F401
     STOPPED_EXIT_CODE,  # noqa: F401
     BatchGeometry,
@@ -49,14 +46,17 @@ from bert_mp.core.loop import (  # the exit codes are re-exported: `bert-mp trai
     outcome_line,
     signal_flag,
 )
-from bert_mp.core.optim import build_optimizer, build_scheduler
-from bert_mp.core.precision import install_scaler
-from bert_mp.core.runlog import RunLog, clean
-from bert_mp.core.sophia import HessianEstimator
-from bert_mp.core.step_metrics import DeviceStepMetrics
-from bert_mp.core.strategy import Strategy, prepare_parts, resolve_strategy, shard
-from bert_mp.core.subnormal import apply_flush_denormal
-from bert_mp.core.training_loop import TrainingLoop
+from bert_mp.core.numerics.hessian import HessianEstimator
+from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler
+from bert_mp.core.numerics.precision import install_scaler
+from bert_mp.core.numerics.step_scalars import DeviceStepMetrics
+from bert_mp.core.numerics.subnormal import apply_flush_denormal
+from bert_mp.core.run import console
+from bert_mp.core.run.accelerator import build_accelerator, resolve_plan
+from bert_mp.core.run.conditions import announce_start
+from bert_mp.core.run.device_feed import loader_kwargs
+from bert_mp.core.run.distributed import configure_deepspeed, configure_fsdp
+from bert_mp.core.run.strategy import Strategy, prepare_parts, resolve_strategy, shard
 from bert_mp.errors import DataError
 from bert_mp.model.attention import resolve_attention_kernel
 from bert_mp.model.bert import (
@@ -104,7 +104,7 @@ def syncs_each_step(metrics_sync: str, device: torch.device) -> bool:
 
 
 class Trainer(TrainingLoop):
-    """One pretraining run over the shared loop skeleton (:class:`bert_mp.core.training_loop.TrainingLoop`).
+    """One pretraining run over the shared loop skeleton (:class:`bert_mp.core.loop.skeleton.TrainingLoop`).
     ``build_model`` is the seam for tests that inject faults into the model."""
 
     command = "train"
@@ -366,7 +366,7 @@ class Trainer(TrainingLoop):
             self.t_prev = time.perf_counter()  # checkpoint time is not step time
 
     def hessian_loss(self, batch: dict) -> Callable[[], torch.Tensor]:
-        """One micro-batch's loss for Sophia's Hutchinson estimate (see :mod:`bert_mp.core.sophia`)."""
+        """One micro-batch's loss for Sophia's Hutchinson estimate (see :mod:`bert_mp.core.numerics.hessian`)."""
         device = self.accelerator.device
         batch = {k: v.to(device) for k, v in drop_full_attention_mask(batch).items()}
 

@@ -363,7 +363,7 @@ def _probe_optimizer(model: torch.nn.Module, loop_cfg: Any, device: torch.device
         return torch.optim.AdamW(model.parameters(), lr=1e-4)
     import dataclasses
 
-    from bert_mp.core.optim import build_optimizer
+    from bert_mp.core.numerics.optimizers import build_optimizer
 
     return build_optimizer(model, dataclasses.replace(loop_cfg, learning_rate=1e-4), device)
 
@@ -448,7 +448,7 @@ def probe_precision(
     """
     import torch
 
-    from bert_mp.core.precision import backend_flags
+    from bert_mp.core.numerics.precision import backend_flags
 
     device = next(model.parameters()).device
     model = plan.prepare_model(model)

@@ -12,7 +12,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import ConfigError
 
 MANIFEST = "sweep.json"
@@ -148,10 +148,10 @@ class RunSummary:
     parity: dict[str, Any] | None = None
     conditions: dict[str, Any] | None = None
     """Threads, processes, cores, load and devices the run was measured under (None: written before
-    bert_mp recorded them); see :mod:`bert_mp.core.conditions`."""
+    bert_mp recorded them); see :mod:`bert_mp.core.run.conditions`."""
     strategy: dict[str, Any] | None = None
     """The distributed strategy the run was under (single, DDP, FSDP, DeepSpeed; what it shards; None:
-    written before bert_mp recorded it); see :mod:`bert_mp.core.strategy`."""
+    written before bert_mp recorded it); see :mod:`bert_mp.core.run.strategy`."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole file, for the fields the report passes through unread."""
 

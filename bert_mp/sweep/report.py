@@ -16,8 +16,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.io import atomic_write_json, atomic_write_text
-from bert_mp.sweep import diagnostics, grid, parity, speed
+from bert_mp.core.loop import parity
+from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
+from bert_mp.sweep import diagnostics, grid, speed
 from bert_mp.sweep.document import Block, Image, Table, fmt, mib, pct, to_html, to_markdown
 from bert_mp.sweep.plots import plot_group
 from bert_mp.sweep.record import RunSummary, SweepRecord

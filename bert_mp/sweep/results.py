@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.config import SweepConfig
-from bert_mp.core.io import read_jsonl
-from bert_mp.sweep import diagnostics, parity
+from bert_mp.core.loop import parity
+from bert_mp.core.storage.files import read_jsonl
+from bert_mp.sweep import diagnostics
 from bert_mp.sweep.record import RunEntry, RunSummary, SweepRecord, strict_record
 
 

@@ -35,9 +35,9 @@ from bert_mp.core.config import (
     load_yaml,
     save_config,
 )
-from bert_mp.core.io import atomic_write_json
-from bert_mp.core.launch import accelerate_launch, launcher_env
-from bert_mp.core.run_guard import config_changes, describe_changes
+from bert_mp.core.run.launch import accelerate_launch, launcher_env
+from bert_mp.core.run.run_dir import config_changes, describe_changes
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (
     BASE_CONFIG,
@@ -178,7 +178,7 @@ def run_action(run_dir: Path) -> str:
     """``keep`` a finished run, ``resume`` an interrupted one (from its latest checkpoint, or from
     scratch when it saved none), or start it ``fresh``. A completed run whose newest checkpoint or
     export no longer verifies is resumed too, from its newest checkpoint that does."""
-    from bert_mp.core.checkpoint import damaged_outputs
+    from bert_mp.core.checkpoint.store import damaged_outputs
 
     status = read_status(run_dir)
     if status in FINAL_STATUSES:
@@ -299,7 +299,7 @@ class Sweep:
         self.record().write(self.root)
 
     def run(self) -> None:
-        from bert_mp.core.precision import resolve_precision
+        from bert_mp.core.numerics.precision import resolve_precision
 
         self.check_rerun()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -342,7 +342,7 @@ class Sweep:
 
     def _run_one(self, r: RunEntry, label: str, run_cfg: Config, args: list[str], device: Any) -> None:
         """Keep, resume, or train one run (``args``: its base config file and overrides)."""
-        from bert_mp.core.checkpoint import damaged_outputs
+        from bert_mp.core.checkpoint.store import damaged_outputs
 
         run_dir = self.root / r.dir
         action = run_action(run_dir)
@@ -422,7 +422,7 @@ class Sweep:
         import torch
         from transformers import BertForPreTraining
 
-        from bert_mp.core.precision import resolve_precision
+        from bert_mp.core.numerics.precision import resolve_precision
         from bert_mp.data.prepare import prepare
         from bert_mp.model.bert import PretrainingModel, bert_config, static_mask_cap
         from bert_mp.sweep.diagnostics import (

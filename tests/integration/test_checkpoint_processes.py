@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from support import fresh_process_main, hold_env, make_prepared, run_config, tiny_config, wait_held
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.config import save_config
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.storage.files import read_jsonl
 
 
 def _run(

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from support import load_fixture, load_script
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.storage.files import read_jsonl
 
 drill = load_script("fault_drill")
 

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file
 from support import ROOT, launch_config, make_prepared, tiny_config
 
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core.io import read_jsonl
-from bert_mp.core.sharding import SHARDED_DIR
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.run.sharding import SHARDED_DIR
+from bert_mp.core.storage.files import read_jsonl
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
 

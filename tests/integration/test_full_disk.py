@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.config import load_config
 from bert_mp.pretrain.trainer import train
 

@@ -13,7 +13,7 @@ import torch
 from support import fresh_process_main, make_prepared
 from support import tiny_gpu_config as _gpu_config
 
-from bert_mp.core.loop import STOPPED_EXIT_CODE
+from bert_mp.core.loop.state import STOPPED_EXIT_CODE
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,7 +51,7 @@ def _run_fresh(cfg, data_root: Path, *extra: str) -> None:
 def test_fp32_resume_is_bit_identical_with_deterministic_algorithms(tmp_path):
     from safetensors.torch import load_file
 
-    from bert_mp.core.io import read_jsonl
+    from bert_mp.core.storage.files import read_jsonl
 
     data_root = tmp_path / "data"
     make_prepared(data_root, n_train=40)

@@ -21,9 +21,9 @@ import pytest
 import torch
 from support import ROOT, free_port, hold_env, make_tokenizer, own_session, wait_held
 
-from bert_mp.core import checkpoint as ckpt
+from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.config import load_config
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.data.prepare import prepare
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from support import fresh_process_main, make_prepared, run_config, tiny_config
 
 from bert_mp.core.config import save_config
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.storage.files import read_jsonl
 
 
 def _save(cfg) -> Path:

@@ -10,7 +10,7 @@ import sys
 import pytest
 from support import run_cli
 
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.storage.files import read_jsonl
 
 
 @pytest.mark.slow  # ~40 s of CPU in three fresh processes; minutes on a loaded shared box

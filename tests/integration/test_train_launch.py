@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from support import free_port, fresh_process_main, make_prepared, tiny_config
 
 from bert_mp.core.config import save_config
-from bert_mp.core.io import read_jsonl
-from bert_mp.core.launch import accelerate_launch
+from bert_mp.core.run.launch import accelerate_launch
+from bert_mp.core.storage.files import read_jsonl
 
 
 def _launch(cfg, data_root: Path, processes: int) -> None:

@@ -18,7 +18,7 @@ from support import fresh_process_main, run_cli
 from transformers import BertForPreTraining
 
 from bert_mp.core.config import load_config, save_config
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.model.bert import PretrainingModel
 from bert_mp.model.unpad import run_unpadded
 

@@ -5,6 +5,7 @@ run time)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from support import ROOT
@@ -22,6 +23,8 @@ MAY_IMPORT = {
 }
 """The subpackages each package may import besides itself and ``bert_mp.errors``
 (docs/architecture.md, "Packages and what they may import")."""
+CORE_ROOMS = ("storage", "config", "numerics", "run", "checkpoint", "loop")
+"""``bert_mp.core``'s sub-packages, bottom up: each imports only the rooms before it (bert_mp/core/__init__.py)."""
 KNOWN_CYCLES: set[frozenset[str]] = set()
 """Cycles tolerated for now, each a set of module names with a comment saying why (none today)."""
 
@@ -47,10 +50,20 @@ def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+REGISTRY_ENTRY = re.compile(r"^(bert_mp(?:\.\w+)+):\w+$")
+"""A string naming an object by module (``"bert_mp.core.loop.parity:ParityCallback"``), as registries do:
+it imports that module when used, so it counts as an import."""
+
+
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The bert_mp modules ``name`` imports anywhere in its file (top level, functions, type blocks)."""
+    """The bert_mp modules ``name`` imports anywhere in its file (top level, functions, type blocks),
+    string registry entries included."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            entry = REGISTRY_ENTRY.match(node.value)
+            if entry:
+                out.add(entry.group(1))
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -149,6 +162,54 @@ def test_every_package_imports_only_the_packages_below_it():
 def _package(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 2 else ""
+
+
+def test_cores_rooms_import_only_the_rooms_below_them():
+    graph = import_graph()
+    known = modules()
+    loose = sorted(
+        n
+        for n in graph
+        if n.count(".") == 2 and n.startswith("bert_mp.core.") and known[n].name != "__init__.py"
+    )
+    assert not loose, f"modules directly in bert_mp/core (give each a room): {loose}"
+    wrong = [
+        f"{name} -> {target}"
+        for name, targets in sorted(graph.items())
+        if _room(name)
+        for target in sorted(targets)
+        if _room(target) and CORE_ROOMS.index(_room(target)) > CORE_ROOMS.index(_room(name))
+    ]
+    assert not wrong, "a core room imports a room above it: " + "; ".join(wrong)
+    rooms = {p.name for p in (PACKAGE / "core").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(CORE_ROOMS), rooms
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "core" else ""
+
+
+def test_no_core_module_shares_its_name_with_another_module():
+    """A file name says what the file is: outside ``core/config`` (which mirrors the products' config
+    sections on purpose) no module of the core is named like another module of bert_mp."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, []).append(name)
+    twins = {
+        stem: names
+        for stem, names in by_name.items()
+        if len(names) > 1 and any(n.startswith("bert_mp.core.") and _room(n) != "config" for n in names)
+    }
+    assert not twins, twins
+
+
+def test_registry_strings_count_as_imports(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('REG = {"x": "bert_mp.sweep.report:Thing"}\n', encoding="utf-8")
+    known = {"bert_mp.core.loop.m": path, "bert_mp.sweep.report": tmp_path / "r.py"}
+    assert imported("bert_mp.core.loop.m", path, known) == {"bert_mp.sweep.report"}
 
 
 def test_no_import_cycles():

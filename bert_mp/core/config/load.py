@@ -132,7 +132,7 @@ def config_to_dict(cfg: Any) -> dict:
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically)."""
-    from bert_mp.core.io import atomic_write_text
+    from bert_mp.core.storage.files import atomic_write_text
 
     # The same YAML as ``OmegaConf.to_yaml(OmegaConf.structured(cfg))`` (tested), ten times faster;
     # libyaml's emitter where PyYAML has it (another ten times: the pure-Python one takes ~40 ms).

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from bert_mp.core.config.checks import _check, _check_tracker, _choice, _range
-from bert_mp.core.precision_names import BF16_UPDATES, FP8_RECIPES, PRECISIONS
+from bert_mp.core.config.precision_modes import BF16_UPDATES, FP8_RECIPES, PRECISIONS
 
 OPTIMIZERS = ("adamw", "lamb", "sophia", "stable_adamw", "lion")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

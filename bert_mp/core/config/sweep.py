@@ -8,7 +8,7 @@ from typing import Optional
 from bert_mp.core.config.checks import _check, _choice, _range
 from bert_mp.core.config.loops import OPTIMIZERS
 from bert_mp.core.config.model import MODEL_PRESETS
-from bert_mp.core.precision_names import AMP_PRECISIONS, PRECISIONS
+from bert_mp.core.config.precision_modes import AMP_PRECISIONS, PRECISIONS
 
 
 @dataclass

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from bert_mp.core import console, storage
 from bert_mp.core.config import Config, load_config, save_config
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.run import console
+from bert_mp.core.storage import disk as storage
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.data import allocator
 from bert_mp.data.corpus import describe_source
 from bert_mp.data.fingerprint import folder_fingerprint

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from bert_mp.core.config import DataConfig
-from bert_mp.core.hold import hold
-from bert_mp.core.storage import write_folder_atomically
+from bert_mp.core.run.hold import hold
+from bert_mp.core.storage.disk import write_folder_atomically
 from bert_mp.data.prepare.blocks import take_texts
 from bert_mp.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 

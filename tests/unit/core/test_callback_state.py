@@ -1,8 +1,8 @@
-"""core/callbacks.py: callback state in checkpoints is keyed by name, not by position."""
+"""core/loop/callbacks.py: callback state in checkpoints is keyed by name, not by position."""
 
 from __future__ import annotations
 
-from bert_mp.core.callbacks import BaseCallback, callback_states, load_callback_states, state_keys
+from bert_mp.core.loop.callbacks import BaseCallback, callback_states, load_callback_states, state_keys
 
 
 class Counter(BaseCallback):

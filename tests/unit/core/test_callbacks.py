@@ -1,4 +1,4 @@
-"""core/callbacks.py and pretrain/monitors.py: registry, FLOPs / MFU arithmetic, monitors' keys."""
+"""core/loop/callbacks.py and pretrain/monitors.py: registry, FLOPs / MFU arithmetic, monitors' keys."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bert_mp.core.callbacks import LossScaleMonitor, MemoryMonitor
 from bert_mp.core.config import Config, TrainConfig
+from bert_mp.core.loop.callbacks import LossScaleMonitor, MemoryMonitor
 from bert_mp.errors import ConfigError
 from bert_mp.pretrain.monitors import (
     REGISTRY,
@@ -75,7 +75,7 @@ def test_registry_builds_by_name_in_order():
     with pytest.raises(ConfigError, match="unknown callback 'nope'"):
         build_callbacks(Config(train=TrainConfig(callbacks=["nope"])))
     # parity is resolved lazily and constructed with the full config
-    assert REGISTRY["parity"] == "bert_mp.sweep.parity:ParityCallback"
+    assert REGISTRY["parity"] == "bert_mp.core.loop.parity:ParityCallback"
     with pytest.raises(ConfigError, match="parity_reference"):
         build_callbacks(Config(train=TrainConfig(callbacks=["parity"])))
 
@@ -154,7 +154,7 @@ def test_resumed_run_reports_throughput_and_parity_of_the_whole_run(tmp_path, mo
     from accelerate.state import AcceleratorState, GradientState
     from support import make_prepared, tiny_config
 
-    from bert_mp.core.callbacks import BaseCallback
+    from bert_mp.core.loop.callbacks import BaseCallback
     from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import train
 

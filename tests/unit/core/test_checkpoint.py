@@ -13,8 +13,8 @@ from support import make_prepared, tiny_config
 from transformers import BertForPreTraining, BertForSequenceClassification
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import TrainingError
 from bert_mp.model.bert import build_model
 
@@ -154,7 +154,7 @@ def test_bert_mp_export_rebuilds_the_model_from_a_checkpoint(tmp_path):
 
 def test_atomic_writes_get_the_umask_mode_not_the_temporary_files_0600(tmp_path):
 
-    from bert_mp.core.io import atomic_write_json
+    from bert_mp.core.storage.files import atomic_write_json
 
     old = os.umask(0o027)
     try:

@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 from support import load_fixture, load_script, tiny_config
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core import integrity, state_io
+from bert_mp.core.checkpoint import state_codec as state_io
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.storage import checksums as integrity
 from bert_mp.errors import TrainingError
 
 drill = load_script("fault_drill")
@@ -49,7 +50,7 @@ def test_a_state_tree_round_trips_exactly_and_is_a_plain_safetensors_file(tmp_pa
 
 
 def test_a_state_file_builds_only_plain_values(tmp_path):
-    from bert_mp.core.state_io import FORMAT, StateFileError, write_safetensors
+    from bert_mp.core.checkpoint.state_codec import FORMAT, StateFileError, write_safetensors
 
     bad = {"__class__": "os.system"}
     write_safetensors(tmp_path / "x.safetensors", {}, {"format": FORMAT, "structure": json.dumps(bad)})

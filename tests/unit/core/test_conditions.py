@@ -2,7 +2,7 @@
 
 import torch
 
-from bert_mp.core import conditions as c
+from bert_mp.core.run import conditions as c
 
 
 def test_default_threads_share_the_cores_between_local_processes():
@@ -119,7 +119,7 @@ def test_the_start_up_line_says_where_subnormals_are_flushed():
 
 
 def test_conditions_record_the_flush_and_the_subnormal_share_of_the_state():
-    from bert_mp.core.subnormal import EFFECTS
+    from bert_mp.core.numerics.subnormal import EFFECTS
 
     cond = c.Conditions.at_start(processes=1)
     assert cond.flush_denormal in EFFECTS

@@ -7,7 +7,7 @@ from dataclasses import asdict
 import pytest
 
 from bert_mp.core.config import Config
-from bert_mp.core.config_doc import config_rows, describe_config
+from bert_mp.core.config.reference import config_rows, describe_config
 from bert_mp.errors import ConfigError
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bert_mp.core import console, launch
+from bert_mp.core.run import console, launch
 from bert_mp.errors import ConfigError
 
 

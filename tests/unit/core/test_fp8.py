@@ -11,8 +11,8 @@ from support import load_fixture, tiny_config, tiny_model_config
 from transformers import BertForPreTraining
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core.fp8 import convert_fp8, fp8_eligible
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.numerics.fp8 import convert_fp8, fp8_eligible
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.model.bert import bert_config
 
 

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from bert_mp.core.hub import resolve_hub_model
+from bert_mp.core.run.hub import resolve_hub_model
 from bert_mp.errors import ConfigError
 
 

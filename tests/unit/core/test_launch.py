@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bert_mp.core.launch import accelerate_launch
+from bert_mp.core.run.launch import accelerate_launch
 
 
 def _value(cmd: list[str], flag: str) -> str:
@@ -34,7 +34,7 @@ def test_the_launcher_gives_the_ranks_time_to_save_after_a_signal(monkeypatch, c
     """torch elastic kills the ranks 30 s after it passes a signal on unless told otherwise; a
     checkpoint on a loaded machine (or of a large model) takes longer. The launcher is started with
     a longer grace period, and a value the user set is kept."""
-    from bert_mp.core.launch import SHUTDOWN_TIMEOUT_S, run_launcher
+    from bert_mp.core.run.launch import SHUTDOWN_TIMEOUT_S, run_launcher
 
     show = [sys.executable, "-c", "import os; print(os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'])"]
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
@@ -50,7 +50,7 @@ def test_the_launcher_gives_the_ranks_time_to_save_after_a_signal(monkeypatch, c
 # bert_mp's CLI does), then the launcher reports the failed children with a traceback and exits 1
 FAKE_LAUNCHER = r"""
 import os, sys
-from bert_mp.core import console
+from bert_mp.core.run import console
 for rank in ("1", "0"):
     os.environ["RANK"] = rank
     console.error("bert-mp train: error: train.global_batch_size=32 must be ... (rank %s)" % rank, 2)
@@ -62,7 +62,7 @@ sys.exit(1)
 
 
 def test_a_mistake_the_ranks_meet_is_one_line_from_one_rank_and_exit_2(capfd):
-    from bert_mp.core.launch import run_launcher
+    from bert_mp.core.run.launch import run_launcher
 
     assert run_launcher([sys.executable, "-c", FAKE_LAUNCHER]) == 2
     err = capfd.readouterr().err
@@ -71,7 +71,7 @@ def test_a_mistake_the_ranks_meet_is_one_line_from_one_rank_and_exit_2(capfd):
 
 def test_what_a_failing_launcher_says_otherwise_is_shown_as_it_is(capfd):
     """No rank left a line (a crash, not a mistake in the input): the launcher's exit code and all it said."""
-    from bert_mp.core.launch import run_launcher
+    from bert_mp.core.run.launch import run_launcher
 
     crash = "import sys; sys.stderr.write('Traceback (most recent call last):\\nValueError: boom\\n'); sys.exit(1)"
     assert run_launcher([sys.executable, "-c", crash]) == 1
@@ -79,7 +79,7 @@ def test_what_a_failing_launcher_says_otherwise_is_shown_as_it_is(capfd):
 
 
 def test_an_error_line_is_one_write_outside_a_launch(monkeypatch, capfd):
-    from bert_mp.core import console
+    from bert_mp.core.run import console
 
     monkeypatch.delenv(console.LAUNCH_ERRORS_ENV, raising=False)
     console.error("bert-mp train: error: x", 2)
@@ -89,7 +89,7 @@ def test_an_error_line_is_one_write_outside_a_launch(monkeypatch, capfd):
 def test_a_global_batch_the_processes_cannot_split_names_a_value_that_works():
     import pytest
 
-    from bert_mp.core.loop import BatchGeometry
+    from bert_mp.core.loop.state import BatchGeometry
     from bert_mp.errors import ConfigError
 
     keys = ("train.global_batch_size", "train.micro_batch_size")

@@ -7,7 +7,13 @@ import torch
 from transformers import BertConfig, BertForPreTraining
 
 from bert_mp.core.config import TrainConfig
-from bert_mp.core.optim import build_optimizer, build_scheduler, fused_supported, lr_lambda, param_groups
+from bert_mp.core.numerics.optimizers import (
+    build_optimizer,
+    build_scheduler,
+    fused_supported,
+    lr_lambda,
+    param_groups,
+)
 
 
 def _model() -> BertForPreTraining:

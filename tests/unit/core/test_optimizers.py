@@ -11,16 +11,16 @@ from support import inf_grad_builder, load_fixture, tiny_config
 
 import bert_mp.pretrain.trainer as train_mod
 from bert_mp.core.config import OPTIMIZERS, TrainConfig
-from bert_mp.core.io import read_jsonl
-from bert_mp.core.lowprec import COMP_KEY, install_bf16_update, stochastic_round_bf16
-from bert_mp.core.optim import build_optimizer
-from bert_mp.core.sophia import HessianEstimator
-from bert_mp.core.sophia_optimizer import Sophia
+from bert_mp.core.numerics.bf16_updates import COMP_KEY, install_bf16_update, stochastic_round_bf16
+from bert_mp.core.numerics.hessian import HessianEstimator
+from bert_mp.core.numerics.optimizers import build_optimizer
+from bert_mp.core.numerics.sophia import Sophia
+from bert_mp.core.storage.files import read_jsonl
 
 LIBRARY = {
     "adamw": "torch.optim",
     "lamb": "pytorch_optimizer",
-    "sophia": "bert_mp.core.sophia",  # pytorch-optimizer's SophiaH, fed by the loop
+    "sophia": "bert_mp.core.numerics.sophia",  # pytorch-optimizer's SophiaH, fed by the loop
     "stable_adamw": "optimi",
     "lion": "optimi",
 }
@@ -185,6 +185,6 @@ def test_the_loops_import_without_the_optimizer_libraries():
 
     code = (
         "import sys; sys.modules['pytorch_optimizer'] = None; sys.modules['optimi'] = None; "
-        "import bert_mp.pretrain.trainer, bert_mp.finetune.trainer, bert_mp.core.optim"
+        "import bert_mp.pretrain.trainer, bert_mp.finetune.trainer, bert_mp.core.numerics.optimizers"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -7,9 +7,9 @@ from unittest import mock
 import pytest
 import torch
 
-from bert_mp.core import precision
-from bert_mp.core.optim import unscale_gradients
-from bert_mp.core.precision import install_scaler, resolve_precision
+from bert_mp.core.loop.update import unscale_gradients
+from bert_mp.core.numerics import precision
+from bert_mp.core.numerics.precision import install_scaler, resolve_precision
 from bert_mp.errors import HardwareError
 
 CPU = torch.device("cpu")

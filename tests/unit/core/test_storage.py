@@ -14,8 +14,8 @@ import pytest
 from support import load_fixture, tiny_config, write_corpus
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core import storage
 from bert_mp.core.config import load_config
+from bert_mp.core.storage import disk as storage
 from bert_mp.errors import StorageError, TrainingError
 
 
@@ -164,7 +164,7 @@ def test_prepare_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeyp
 
 
 def test_a_run_log_write_the_disk_refuses_names_the_last_checkpoint(tmp_path, prepared, monkeypatch):
-    from bert_mp.core.io import JsonlWriter
+    from bert_mp.core.storage.files import JsonlWriter
 
     run = tmp_path / "run"
     cfg = tiny_config(run, max_steps=8, save_every=2, export=False)

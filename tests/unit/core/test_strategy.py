@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 from support import free_port
 
-from bert_mp.core import machines, strategy
 from bert_mp.core.config import load_config
-from bert_mp.core.loop import flag_signal, signal_flag
+from bert_mp.core.loop.state import flag_signal, signal_flag
+from bert_mp.core.run import machines, strategy
 from bert_mp.errors import ConfigError, LaunchError
 
 FSDP_ENV = {
@@ -195,8 +195,8 @@ def test_machines_meet_and_a_missing_one_is_named_after_the_timeout():
 )
 def test_a_stop_from_another_rank_records_the_signal_its_flag_names(pending, flag, reason):
     """A rank that got no signal itself records the one the all-reduced flag names (its own wins)."""
-    from bert_mp.core.loop import LoopState
-    from bert_mp.core.training_loop import TrainingLoop
+    from bert_mp.core.loop.skeleton import TrainingLoop
+    from bert_mp.core.loop.state import LoopState
 
     state = LoopState(pending_signal=pending)
     TrainingLoop.stop_for_signal(SimpleNamespace(state=state), flag)

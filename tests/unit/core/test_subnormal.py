@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from bert_mp.core import subnormal
+from bert_mp.core.numerics import subnormal
 
 FRESH = """
 import torch
-from bert_mp.core.subnormal import flush_denormal
+from bert_mp.core.numerics.subnormal import flush_denormal
 torch.set_num_threads(2)
 {before}
 print(flush_denormal(True))

@@ -1,4 +1,4 @@
-"""The loop skeleton (:class:`bert_mp.core.training_loop.TrainingLoop`) driven by a fake product with no
+"""The loop skeleton (:class:`bert_mp.core.loop.skeleton.TrainingLoop`) driven by a fake product with no
 model: a completed run, a skipped fp16 step, a signal stop and a failed run each take their path once,
 in order, and the summary carries the common fields beside the product's."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-import bert_mp.core.training_loop as training_loop
-from bert_mp.core.guard import NumericsGuard
-from bert_mp.core.loop import LoopState
+import bert_mp.core.loop.skeleton as training_loop
+from bert_mp.core.loop.numerics_guard import NumericsGuard
+from bert_mp.core.loop.state import LoopState
 from bert_mp.errors import TrainingError
 
 

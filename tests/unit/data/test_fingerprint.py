@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import tiny_config
 
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.data import prepare as prep
 from bert_mp.data.fingerprint import folder_fingerprint
 from bert_mp.data.prepare import build as prep_build

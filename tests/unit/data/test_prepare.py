@@ -626,7 +626,7 @@ def test_file_groups_are_contiguous_and_balanced_by_bytes(tmp_path):
 
 
 def test_prepared_marker_differs_from_a_checkpoints_and_the_old_name_is_still_read(tmp_path):
-    from bert_mp.core import checkpoint as ckpt
+    from bert_mp.core.checkpoint import store as ckpt
     from bert_mp.data.prepare import cache
 
     assert cache.MARKER != ckpt.MARKER  # a build stamp is not a verified manifest

@@ -210,7 +210,7 @@ def _safetensors(path):
 def test_fp16_nan_storm_stops_like_pretraining(tmp_path, ckpt):
     """Every forward from step 4 on is NaN: three skipped steps in a row save the last good state and
     stop with the numerics guard's message, the one pretraining stops with."""
-    from bert_mp.core import checkpoint as ck
+    from bert_mp.core.checkpoint import store as ck
     from bert_mp.errors import TrainingError
 
     kw = dict(
@@ -253,7 +253,7 @@ def test_nonfinite_fp32_loss_stops_with_a_checkpoint(tmp_path, ckpt):
 def test_epoch_sampler_follows_the_epoch_order_pretraining_uses():
     import numpy as np
 
-    from bert_mp.core.epochs import epoch_order
+    from bert_mp.core.loop.epochs import epoch_order
     from bert_mp.finetune.trainer import EpochSampler
     from bert_mp.pretrain.batches import epoch_order as pretraining_order
 

@@ -133,7 +133,7 @@ def test_parameter_counts_and_init_from(tmp_path):
 
 def test_mistyped_local_paths_fail_at_once_without_the_hub(tmp_path, monkeypatch):
     from bert_mp.core.config import ModelConfig
-    from bert_mp.core.io import looks_like_local_path
+    from bert_mp.core.storage.files import looks_like_local_path
     from bert_mp.errors import ConfigError
     from bert_mp.model.bert import check_init_from
 

@@ -28,8 +28,8 @@ from support import (
 )
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import TrainingError
 
 drill = load_script("fault_drill")
@@ -94,7 +94,7 @@ def _corrupt(folder: Path, case: str) -> str:
 def test_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(
     tmp_path, prepared, finished_run, monkeypatch, case
 ):
-    from bert_mp.core import state_io
+    from bert_mp.core.checkpoint import state_codec as state_io
 
     reference, cfg = finished_run
     run = tmp_path / "run"
@@ -142,7 +142,7 @@ WRITE_POINTS = (
 
 def _fail_at(monkeypatch, where: str, step_name: str) -> None:
     """The disk fills up at ``where`` while checkpoint ``step_name`` is written (a file: half-way through it)."""
-    from bert_mp.core import integrity
+    from bert_mp.core.storage import checksums as integrity
 
     def ours(path) -> bool:
         return Path(path).parent.name == f".tmp-{step_name}"
@@ -218,7 +218,7 @@ def test_disk_full_at_each_write_point_of_a_checkpoint_keeps_the_previous_one_an
 # NaN storms and loss-scale collapse
 # --------------------------------------------------------------------------------------------------
 def _needs(precision: str) -> None:
-    from bert_mp.core.precision import _cpu_supports_bf16, _cpu_supports_fp16
+    from bert_mp.core.numerics.precision import _cpu_supports_bf16, _cpu_supports_fp16
 
     if not (_cpu_supports_bf16() if precision == "bf16" else _cpu_supports_fp16()):
         pytest.skip(f"CPU without {precision} autocast")

@@ -57,7 +57,7 @@ def _single_thread(fn: Any) -> Any:
 
 def train_run(tmp: Path, precision: str) -> dict[str, Any]:
     """10 steps, global batch 16 as 2 micro-batches of 8, dropout 0.1, warmup 3, eval at the end."""
-    from bert_mp.core.io import read_jsonl
+    from bert_mp.core.storage.files import read_jsonl
     from bert_mp.pretrain.trainer import train
 
     reset_accelerate()

@@ -24,7 +24,7 @@ def data(tmp_path_factory):
 
 
 def _rows(out: Path) -> list[dict]:
-    from bert_mp.core.io import read_jsonl
+    from bert_mp.core.storage.files import read_jsonl
 
     return [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
 
@@ -54,7 +54,7 @@ def test_one_step_per_precision_records_the_flags(data, tmp_path, precision):
 
 def test_fp16_overflow_skips_step_without_advancing_scheduler(data, tmp_path, monkeypatch):
     import bert_mp.pretrain.trainer as train_mod
-    from bert_mp.core.optim import lr_lambda
+    from bert_mp.core.numerics.optimizers import lr_lambda
 
     snapshots: list[torch.Tensor] = []
     real = train_mod.build_model
@@ -93,7 +93,7 @@ def test_kernel_check_verdicts(precision):
     from transformers import BertForPreTraining
 
     from bert_mp.core.config import ModelConfig
-    from bert_mp.core.precision import resolve_precision
+    from bert_mp.core.numerics.precision import resolve_precision
     from bert_mp.model.bert import PretrainingModel, bert_config
     from bert_mp.sweep.diagnostics import probe_precision, synthetic_batch
 
@@ -244,7 +244,7 @@ def test_training_loop_host_syncs_are_counted(data, tmp_path, monkeypatch):
     """The loop's syncs per step (between the start of step 1 and the end of the last step; the final
     evaluation and checkpoint copy tensors to the host by design), per ``train.metrics_sync`` mode,
     bounded so a regression shows."""
-    from bert_mp.core import callbacks
+    from bert_mp.core.loop import callbacks
     from bert_mp.pretrain import monitors
     from bert_mp.pretrain.trainer import train
 

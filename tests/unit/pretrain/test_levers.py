@@ -16,10 +16,10 @@ from support import make_prepared, tiny_config
 from transformers import BertForPreTraining
 from transformers.models.bert.modeling_bert import BertLayer
 
-from bert_mp.core.autocast_norms import AutocastLayerNorm
 from bert_mp.core.config import Config, ModelConfig, TrainConfig
-from bert_mp.core.io import read_jsonl
-from bert_mp.core.precision import resolve_precision
+from bert_mp.core.numerics.autocast_norms import AutocastLayerNorm
+from bert_mp.core.numerics.precision import resolve_precision
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.model.attention import attention_backends, resolve_attention_kernel
 from bert_mp.model.bert import bert_config

@@ -1,4 +1,4 @@
-"""pretrain/monitors.py over core/callbacks.py's checkpoint state: a resume gives each monitor its
+"""pretrain/monitors.py over core/loop/callbacks.py's checkpoint state: a resume gives each monitor its
 own history back, by name, whatever the order of ``train.callbacks``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 from support import make_prepared, reset_accelerate, tiny_config
 
-from bert_mp.core.callbacks import BaseCallback, MemoryMonitor
+from bert_mp.core.loop.callbacks import BaseCallback, MemoryMonitor
 from bert_mp.pretrain import monitors
 from bert_mp.pretrain.monitors import ThroughputMonitor
 from bert_mp.pretrain.trainer import Trainer

@@ -21,7 +21,7 @@ def data(tmp_path_factory):
 
 def _train(tmp_path, data, monkeypatch, mode: str, unpad: bool = False, **kw) -> HostSyncRecorder:
     """A real train() of a tiny model with the recorder on and the loop's parts named as phases."""
-    import bert_mp.core.training_loop as loop
+    import bert_mp.core.loop.skeleton as loop
     import bert_mp.pretrain.trainer as tr
     from bert_mp.data.masking import PretrainingCollator
 
@@ -161,7 +161,7 @@ def test_several_ranks_use_the_reduced_masked_count_without_a_host_read():
     from transformers import BertForPreTraining
 
     from bert_mp.core.config import ModelConfig
-    from bert_mp.core.precision import resolve_precision
+    from bert_mp.core.numerics.precision import resolve_precision
     from bert_mp.model.bert import PretrainingModel, bert_config
     from bert_mp.pretrain.step import SUM_KEYS, forward_backward
     from bert_mp.sweep.diagnostics import synthetic_batch

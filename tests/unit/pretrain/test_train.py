@@ -11,8 +11,8 @@ from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 from support import inf_grad_builder, make_prepared, nan_forward_builder, tiny_config
 
-from bert_mp.core.io import read_jsonl
-from bert_mp.core.optim import lr_lambda
+from bert_mp.core.numerics.optimizers import lr_lambda
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import TrainingError
 from bert_mp.pretrain.batches import MicroBatchSampler, epoch_order
 from bert_mp.pretrain.trainer import train
@@ -200,7 +200,7 @@ def test_only_a_completed_run_exits_zero():
 
 
 def test_the_stopped_line_says_how_to_continue_the_run():
-    from bert_mp.core.loop import outcome_line
+    from bert_mp.core.loop.state import outcome_line
 
     stopped = {"status": "stopped", "steps": 7, "stop_reason": "signal SIGINT"}
     assert outcome_line("train", stopped, "runs/a") == (

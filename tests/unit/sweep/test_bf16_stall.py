@@ -6,7 +6,7 @@ from __future__ import annotations
 from support import load_fixture, reset_accelerate, tiny_config
 
 import bert_mp.pretrain.trainer as train_mod
-from bert_mp.sweep import parity
+from bert_mp.core.loop import parity
 
 
 def _run(tmp_path, prepared, name: str, **kw) -> parity.Curves:

@@ -2,7 +2,7 @@ import torch
 from transformers import BertForPreTraining
 
 from bert_mp.core.config import ModelConfig
-from bert_mp.core.precision import cpu_capabilities, resolve_precision
+from bert_mp.core.numerics.precision import cpu_capabilities, resolve_precision
 from bert_mp.model.bert import PretrainingModel, bert_config
 from bert_mp.sweep.diagnostics import (
     bytes_per_parameter,

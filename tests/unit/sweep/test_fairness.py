@@ -6,7 +6,7 @@ from pathlib import Path
 
 from bert_mp.cli import main
 from bert_mp.core.config import Config, config_to_dict
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.sweep import fairness
 from bert_mp.sweep.record import GroupEntry, HostInfo, RunEntry, SweepRecord
 

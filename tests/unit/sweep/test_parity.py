@@ -6,8 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from bert_mp.core.config import load_config
-from bert_mp.errors import ConfigError
-from bert_mp.sweep.parity import (
+from bert_mp.core.loop.parity import (
     ParityCallback,
     VerdictRules,
     curves_from_rows,
@@ -17,6 +16,7 @@ from bert_mp.sweep.parity import (
     moving_average,
     verdict,
 )
+from bert_mp.errors import ConfigError
 
 STEPS = 200
 

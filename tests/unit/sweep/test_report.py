@@ -8,7 +8,7 @@ import pytest
 
 from bert_mp.cli import main
 from bert_mp.core.config import Config, config_to_dict
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import ConfigError
 from bert_mp.sweep.record import GroupEntry, HostInfo, RunEntry, SweepRecord
 from bert_mp.sweep.report import build_report

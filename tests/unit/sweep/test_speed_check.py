@@ -14,7 +14,7 @@ import pytest
 from support import ROOT
 
 from bert_mp.cli import main
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import HardwareError
 from bert_mp.sweep import runner
 
@@ -91,7 +91,7 @@ class FakeRuns:
 
 @pytest.fixture
 def fake(monkeypatch) -> FakeRuns:
-    from bert_mp.core import precision
+    from bert_mp.core.numerics import precision
 
     def resolve(name, device, *a, **k):
         if name == "fp16":  # as on a CPU without fp16, on every machine

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from bert_mp.core.precision_names import AMP_PRECISIONS, BF16_UPDATES, FP8_RECIPES, PRECISIONS  # noqa: F401
+from bert_mp.core.config.precision_modes import AMP_PRECISIONS, BF16_UPDATES, FP8_RECIPES, PRECISIONS  # noqa: F401
 from bert_mp.errors import HardwareError
 
 _AUTOCAST_DTYPE = {
@@ -218,13 +218,13 @@ class PrecisionPlan:
     """True when a CPU without native bf16/fp16 runs the mode through torch's emulation (and for fp8
     wherever the device has no float8 matmuls: the numerics of fp8, never its speed)."""
     bf16_update: str = "kahan"
-    """bf16_pure: kahan | stochastic | none (see :mod:`bert_mp.core.lowprec`)."""
+    """bf16_pure: kahan | stochastic | none (see :mod:`bert_mp.core.numerics.bf16_updates`)."""
     fp8_recipe: str = "tensorwise"
     fp8_convert_heads: bool = False
     layernorm: str = "fp32"
     """Under autocast: ``fp32`` (autocast's own LayerNorm: fp32 output, an fp32 residual stream) |
     ``autocast`` (the same fp32 math, output in the autocast dtype: a 16-bit residual stream; see
-    :mod:`bert_mp.core.autocast_norms`). Resolved from ``layernorm_precision`` by
+    :mod:`bert_mp.core.numerics.autocast_norms`). Resolved from ``layernorm_precision`` by
     :func:`resolve_layernorm`."""
 
     @property
@@ -237,11 +237,11 @@ class PrecisionPlan:
         if self.name == "bf16_pure":
             return model.to(torch.bfloat16)
         if self.name == "fp8":
-            from bert_mp.core.fp8 import convert_fp8
+            from bert_mp.core.numerics.fp8 import convert_fp8
 
             convert_fp8(model, self.fp8_recipe, emulate=self.emulated, heads=self.fp8_convert_heads)
         if self.layernorm == "autocast":
-            from bert_mp.core.autocast_norms import install_autocast_layernorm
+            from bert_mp.core.numerics.autocast_norms import install_autocast_layernorm
 
             install_autocast_layernorm(model)
         return model
@@ -417,7 +417,7 @@ def resolve_precision(
     device = torch.device(device)
     emulated = False
     if name == "fp8":
-        from bert_mp.core.fp8 import check_torchao
+        from bert_mp.core.numerics.fp8 import check_torchao
 
         check_torchao(key)
     if device.type == "cuda":
@@ -460,7 +460,7 @@ LAYERNORM_AUTO: dict[str, str] = {"cuda": "fp32", "cpu": "fp32"}
 def resolve_layernorm(setting: str, precision: str, device: torch.device, key: str) -> str:
     """``fp32 | autocast`` for a precision on a device: ``auto`` takes :data:`LAYERNORM_AUTO` under
     autocast (bf16 / fp16) and ``fp32`` otherwise; ``autocast`` without autocast is refused."""
-    from bert_mp.core.autocast_norms import LAYERNORM_PRECISIONS
+    from bert_mp.core.numerics.autocast_norms import LAYERNORM_PRECISIONS
 
     if setting not in LAYERNORM_PRECISIONS:
         raise HardwareError(f"{key}={setting!r}; choose one of {', '.join(LAYERNORM_PRECISIONS)}")

@@ -1,9 +1,9 @@
 """Atomic training checkpoints, verified by content before anything is loaded; the HF export.
 
 A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXXX``: the training state without pickle
-(:mod:`bert_mp.core.state_io`: model, optimizer, scheduler, GradScaler, RNG of every rank, hashed
+(:mod:`bert_mp.core.checkpoint.state_codec`: model, optimizer, scheduler, GradScaler, RNG of every rank, hashed
 while written), then ``loop_state.json`` (step, epoch, data position), then the ``COMPLETE``
-manifest listing every file with its size and xxh3-128 digest (:mod:`bert_mp.core.integrity`), and
+manifest listing every file with its size and xxh3-128 digest (:mod:`bert_mp.core.storage.checksums`), and
 only then renamed to ``checkpoints/step_XXXXXXXX``. A folder without the manifest, or whose files
 do not match it (truncated, a flipped bit, overwritten), is never loaded: :func:`find_latest` skips it
 with a one-line warning, and naming it as ``train.resume`` is a one-line error. A failing write (disk
@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
-from bert_mp.core import integrity, state_io, storage
-from bert_mp.core.export import CHECKSUMS, finish_hf_folder
-from bert_mp.core.hold import hold
+from bert_mp.core.checkpoint import state_codec as state_io
+from bert_mp.core.checkpoint.hf_folder import CHECKSUMS, finish_hf_folder
+from bert_mp.core.run.hold import hold
+from bert_mp.core.storage import checksums as integrity
+from bert_mp.core.storage import disk as storage
 from bert_mp.errors import BertMPWarning, TrainingError
 
 MARKER = "COMPLETE"
@@ -37,7 +39,7 @@ _NAME = re.compile(r"^step_(\d{8})$")
 WRITE_STAGES = ("empty", "state", "loop_state", "marker")
 """Points inside a write: folder created; model/optimizer/RNG saved; loop_state.json; marker, not renamed.
 A drill holds the write of checkpoint N at one of them with ``BERT_MP_HOLD=checkpoint:N:STAGE``
-(:mod:`bert_mp.core.hold`), so that its SIGKILL lands inside the write by construction."""
+(:mod:`bert_mp.core.run.hold`), so that its SIGKILL lands inside the write by construction."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -308,13 +310,13 @@ def export_pretrained(
     dtype: torch.dtype | None = None,
 ) -> Path | None:
     """Write ``final/``: the plain ``BertForPreTraining`` via ``save_pretrained`` (safetensors) + tokenizer,
-    with the tokenizer's length limit, a model card and weight checksums (:func:`bert_mp.core.export.finish_hf_folder`).
+    with the tokenizer's length limit, a model card and weight checksums (:func:`bert_mp.core.checkpoint.hf_folder.finish_hf_folder`).
 
     ``wrapped`` is the prepared :class:`bert_mp.model.bert.PretrainingModel`; its full state dict is
     gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native. A failing
     write removes the partial folder and raises :class:`bert_mp.errors.StorageError`.
     """
-    from bert_mp.core.sharding import full_model_state, is_sharded, without_aliases
+    from bert_mp.core.run.sharding import full_model_state, is_sharded, without_aliases
 
     out_dir = Path(out_dir)
     # bert_mp's FSDP2 wrap (CPU): its own gather of the shards; engines through Accelerate: Accelerate's

@@ -17,12 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core import integrity
+from bert_mp.core.storage import checksums as integrity
 from bert_mp.errors import ConfigError
 
 CARD = "README.md"
 CHECKSUMS = "checksums.json"
-"""The weight files of an export with their sizes and digests (an :mod:`bert_mp.core.integrity` manifest)."""
+"""The weight files of an export with their sizes and digests (an :mod:`bert_mp.core.storage.checksums` manifest)."""
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
 _CARD_TASK = {"pretraining": "fill-mask", "classification": "text-classification"}
 

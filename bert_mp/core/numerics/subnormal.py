@@ -54,7 +54,7 @@ def apply_flush_denormal(asked: bool) -> str:
             "this CPU cannot flush them (not x86 with SSE3)"
             if effect == "unsupported"
             else "only some of torch's threads flush them: its thread pool started before the setting "
-            "(the bert-mp CLI sets it first; from Python, call bert_mp.core.subnormal.flush_denormal(True) "
+            "(the bert-mp CLI sets it first; from Python, call bert_mp.core.numerics.subnormal.flush_denormal(True) "
             "before any torch work)"
         )
         warnings.warn(

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from bert_mp.core.loop import LoopState
+from bert_mp.core.loop.state import LoopState
 
 
 @dataclass
@@ -202,7 +202,7 @@ class LossScaleMonitor(BaseCallback):
             logs["amp/loss_scale"] = scale
             logs["amp/skipped_steps"] = state.skipped_steps
         if self.ctx and (self.ctx.precision or {}).get("name") == "bf16_pure":
-            from bert_mp.core.lowprec import update_efficiency_logs
+            from bert_mp.core.numerics.bf16_updates import update_efficiency_logs
 
             logs.update(update_efficiency_logs())
 

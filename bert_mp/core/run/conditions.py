@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bert_mp.core.subnormal import subnormal_share, threads_flushing
+from bert_mp.core.numerics.subnormal import subnormal_share, threads_flushing
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """Environment variables that set the intra-op thread count; either one set means the user chose."""
@@ -206,7 +206,7 @@ class Conditions:
     gpu: dict[str, Any] | None = None
     flush_denormal: str | None = None
     """Whether torch's CPU threads flush subnormal floats to zero (``hardware.flush_denormal``), as
-    measured at the start: on, off or partial (:mod:`bert_mp.core.subnormal`)."""
+    measured at the start: on, off or partial (:mod:`bert_mp.core.numerics.subnormal`)."""
     subnormal_share: float | None = None
     """Share of the fp32 / bf16 values of the weights and optimizer state that were subnormal at the
     end of the run (on a CPU each costs a slow path wherever it is read)."""

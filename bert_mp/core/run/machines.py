@@ -9,7 +9,7 @@ rendezvous. A machine that has not come within ``--join_timeout`` seconds (defau
 :data:`JOIN_TIMEOUT_S`) ends the others with one line naming it (exit 2); nothing has started.
 
 **Stopping.** SIGTERM or Ctrl-C reaches the launcher of one machine, whose ranks pass it on through
-the step's all-reduced stop flag (:func:`bert_mp.core.loop.signal_flag`): every rank of every machine
+the step's all-reduced stop flag (:func:`bert_mp.core.loop.state.signal_flag`): every rank of every machine
 finishes the step, the checkpoint is saved together and each rank records the same stop reason. The
 other machines' launchers never saw the signal; so the first rank of each (``LOCAL_RANK`` 0), once
 the run is saved and its summary written, sends the same signal to its own ``bert-mp launch``

@@ -1,7 +1,7 @@
 """The precision modes and their options by name, without importing torch.
 
 Config loading checks values against these before any command imports torch (``bert-mp config``,
-a config mistake reported by ``bert-mp train``); :mod:`bert_mp.core.precision` gives them meaning.
+a config mistake reported by ``bert-mp train``); :mod:`bert_mp.core.numerics.precision` gives them meaning.
 """
 
 AMP_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

@@ -22,7 +22,7 @@ from typing import Any
 
 import xxhash
 
-from bert_mp.core.io import atomic_write_json
+from bert_mp.core.storage.files import atomic_write_json
 
 HASH = "xxh3_128"
 """Digest of every file: xxh3-128 (non-cryptographic: it detects corruption, not a forger; see docs/reliability.md)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.config import SweepConfig
-from bert_mp.core.io import read_jsonl
+from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ VERDICT_CHECKS = (
 """The deviations that decide the verdict, each compared against its own seed spread."""
 VERDICTS = ("pass", "warn", "fail")
 STALL_KEY = "bf16/update_efficiency"
-"""bf16_pure: the share of each optimizer update that reached the bf16 weights (core/lowprec.py)."""
+"""bf16_pure: the share of each optimizer update that reached the bf16 weights (core/numerics/bf16_updates.py)."""
 MIN_UPDATE_EFFICIENCY = 0.5
 """Below this mean share the run is judged stalled: updates round away in bf16."""
 
@@ -310,7 +310,7 @@ class ParityCallback:
     ``sweep.parity_window`` steps, relative to the reference at the same step); when the relative
     deviation exceeds ``train.parity_tolerance`` it warns once per excursion, or with
     ``train.parity_action=stop`` asks the loop to save and stop. The end summary gets a ``parity`` block.
-    A :class:`bert_mp.core.callbacks.Callback`; it reads the logged loss, not the step's facts.
+    A :class:`bert_mp.core.loop.callbacks.Callback`; it reads the logged loss, not the step's facts.
     """
 
     name = "parity"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.loop import LoopState
+from bert_mp.core.loop.state import LoopState
 from bert_mp.errors import TrainingError
 
 # fp16: gradients that overflow even unscaled (scale < 1) mean divergence, not a too-high scale; below

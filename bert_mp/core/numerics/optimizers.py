@@ -4,13 +4,12 @@ linear / polynomial / constant schedules.
 ``train.optimizer`` picks the library: AdamW is torch's; LAMB and Sophia (SophiaH) come from
 pytorch-optimizer, StableAdamW and Lion from torch-optimi. Under ``precision=bf16_pure`` the weights
 are bf16 and ``bf16_update`` decides how updates reach them: torch-optimi's own Kahan summation
-where the optimizer has it (adamw, stable_adamw, lion), :mod:`bert_mp.core.lowprec`'s step hooks
+where the optimizer has it (adamw, stable_adamw, lion), :mod:`bert_mp.core.numerics.bf16_updates`'s step hooks
 otherwise (stochastic rounding, and ``none``: round to nearest, where small updates vanish; the hooks
 measure how much of each update reached the weights). fp16 needs nothing of the optimizer: the
 GradScaler unscales before the step and skips it on overflow, whatever the optimizer.
 
-:func:`optimizer_step` is the update both loops run: unscale (fp16), clip, step, zero the gradients,
-and tell whether the GradScaler skipped the step.
+The update both loops run after a backward (unscale, clip, step) is :mod:`bert_mp.core.loop.update`.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from bert_mp.core.config import LoopConfig, TrainConfig
-from bert_mp.core.precision import accelerate_unscales
 
 # Parameters named like these are LayerNorm weights; they and every bias get no weight decay.
 _NO_DECAY_NAMES = ("LayerNorm.weight", "layer_norm.weight", "norm.weight")
@@ -76,7 +74,7 @@ def build_optimizer(model: nn.Module, cfg: LoopConfig, device: torch.device) -> 
     groups = param_groups(model, cfg.weight_decay)
     opt = _OPTIMIZER_BUILDERS[cfg.optimizer](groups, cfg, torch.device(device), pure, native_kahan)
     if pure and not native_kahan:  # also for none: round to nearest, with the stall measured
-        from bert_mp.core.lowprec import install_bf16_update
+        from bert_mp.core.numerics.bf16_updates import install_bf16_update
 
         install_bf16_update(opt, update, cfg.seed)
     return opt
@@ -123,7 +121,7 @@ def _lamb(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan
 
 
 def _sophia(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
-    from bert_mp.core.sophia_optimizer import Sophia
+    from bert_mp.core.numerics.sophia import Sophia
 
     return Sophia(
         groups,
@@ -182,52 +180,3 @@ def lr_lambda(schedule: Schedule | TrainConfig) -> Callable[[int], float]:
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule: Schedule | TrainConfig) -> LambdaLR:
     """Warmup then decay; stepped by the loop only after an optimizer step that was not skipped."""
     return LambdaLR(optimizer, lr_lambda(schedule))
-
-
-def unscale_gradients(accelerator: Any, optimizer: Any) -> None:
-    """Unscale fp16 gradients before clipping / measuring their norm.
-
-    Accelerate unscales inside ``clip_grad_norm_`` only for its own native amp (CUDA); for our CPU
-    scaler we do it here, once per step.
-    """
-    scaler = accelerator.scaler
-    if scaler is None or accelerate_unscales(accelerator):
-        return
-    inner = getattr(optimizer, "optimizer", optimizer)
-    scaler.unscale_(inner)
-
-
-def optimizer_step(
-    accelerator: Any, optimizer: Any, parameters: Any, max_grad_norm: float, scaler: Any
-) -> tuple[Any, bool]:
-    """Unscale (fp16), clip, step and zero the gradients; returns ``(grad_norm, skipped)``.
-
-    ``skipped`` is true when the GradScaler found inf/NaN gradients and skipped the step: it lowers
-    its scale exactly then. (Accelerate's ``optimizer_step_was_skipped`` misses it for fused AdamW,
-    which skips inside its kernel.) ``grad_norm`` may be None where the engine clips itself.
-    """
-    unscale_gradients(accelerator, optimizer)
-    max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = accelerator.clip_grad_norm_(parameters, max_norm)
-    if hasattr(grad_norm, "full_tensor"):  # sharded gradients (FSDP2): the norm over every shard
-        grad_norm = grad_norm.full_tensor()
-    if grad_norm is None:  # DeepSpeed clips inside its step, which ran in the backward
-        from bert_mp.core.distributed import engine_grad_norm
-
-        grad_norm = engine_grad_norm(accelerator)
-    # The scale is compared on the device and read back once (``get_scale()`` twice would be two syncs).
-    scale_before = _scale_tensor(scaler)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    skipped = scale_before is not None and bool(_scale_tensor(scaler) < scale_before)
-    return grad_norm, skipped
-
-
-def _scale_tensor(scaler: Any) -> torch.Tensor | None:
-    """The GradScaler's current scale as a tensor copy (no host read), None without an active scaler."""
-    if scaler is None or not scaler.is_enabled():
-        return None
-    scale = getattr(scaler, "_scale", None)
-    if torch.is_tensor(scale):
-        return scale.detach().clone()
-    return torch.tensor(float(scaler.get_scale()))

@@ -26,26 +26,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bert_mp.core.hold import hold
-from bert_mp.core.loop import LoopState, flag_signal, stop_on_signals
-from bert_mp.core.machines import relay_stop
-from bert_mp.core.optim import optimizer_step
-from bert_mp.core.precision import library_versions
-from bert_mp.core.run_guard import announce_resume
-from bert_mp.core.subnormal import state_tensors
+from bert_mp.core.loop.state import LoopState, flag_signal, stop_on_signals
+from bert_mp.core.loop.update import optimizer_step
+from bert_mp.core.numerics.precision import library_versions
+from bert_mp.core.numerics.subnormal import state_tensors
+from bert_mp.core.run.hold import hold
+from bert_mp.core.run.machines import relay_stop
+from bert_mp.core.run.run_dir import announce_resume
 from bert_mp.errors import TrainingError
 
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
-    from bert_mp.core.checkpointer import Checkpointer
-    from bert_mp.core.conditions import Conditions
     from bert_mp.core.config import Config, LoopConfig
-    from bert_mp.core.guard import NumericsGuard
-    from bert_mp.core.precision import PrecisionPlan
-    from bert_mp.core.runlog import RunLog
-    from bert_mp.core.sophia import HessianEstimator
+    from bert_mp.core.loop.checkpoint_saver import Checkpointer
+    from bert_mp.core.loop.numerics_guard import NumericsGuard
+    from bert_mp.core.loop.run_log import RunLog
+    from bert_mp.core.numerics.hessian import HessianEstimator
+    from bert_mp.core.numerics.precision import PrecisionPlan
+    from bert_mp.core.run.conditions import Conditions
 
 
 class TrainingLoop(abc.ABC):
@@ -175,7 +175,7 @@ class TrainingLoop(abc.ABC):
         """After the backward: the optimizer step and its accounting; returns ``(lr, grad_norm, skipped)``.
 
         ``stop`` is the step's all-reduced signal flag (its value names the signal:
-        :func:`bert_mp.core.loop.flag_signal`; a bool does not): every rank ends the run after this step.
+        :func:`bert_mp.core.loop.state.flag_signal`; a bool does not): every rank ends the run after this step.
         ``batch`` is what :meth:`hessian_loss` reads when Sophia's estimate is due.
         """
         s = self.state
@@ -195,7 +195,7 @@ class TrainingLoop(abc.ABC):
 
     def stop_for_signal(self, flag: float = 0.0) -> None:
         """End the run after this step: a signal arrived here, or (the all-reduced ``flag``, which names
-        it: :func:`bert_mp.core.loop.flag_signal`) on another rank."""
+        it: :func:`bert_mp.core.loop.state.flag_signal`) on another rank."""
         s = self.state
         name = s.pending_signal or flag_signal(flag) or "on another rank"
         s.stop_reason = s.stop_reason or f"signal {name}"

@@ -1,7 +1,7 @@
-"""When and what a training loop checkpoints; the atomic writing itself is :mod:`bert_mp.core.checkpoint`.
+"""When and what a training loop checkpoints; the atomic writing itself is :mod:`bert_mp.core.checkpoint.store`.
 
 A checkpoint holds the training state (model, optimizer, scaler, scheduler, RNG of every rank; no
-pickle, see :mod:`bert_mp.core.state_io`) and one JSON payload: the loop state plus the state of
+pickle, see :mod:`bert_mp.core.checkpoint.state_codec`) and one JSON payload: the loop state plus the state of
 every callback under its name, so a resumed run's monitors cover the whole run (also when the list of
 callbacks was reordered). Before each save the free space is compared with the size of the last
 checkpoint, and a save that will not fit is warned about once.
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core import checkpoint as ckpt
-from bert_mp.core import storage
-from bert_mp.core.callbacks import Callback, callback_states, load_callback_states
-from bert_mp.core.loop import LoopState
+from bert_mp.core.checkpoint import store as ckpt
+from bert_mp.core.loop.callbacks import Callback, callback_states, load_callback_states
+from bert_mp.core.loop.state import LoopState
+from bert_mp.core.storage import disk as storage
 from bert_mp.errors import BertMPWarning
 
 

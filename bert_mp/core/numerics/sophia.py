@@ -1,5 +1,5 @@
 """The Sophia optimizer of ``train.optimizer=sophia``: pytorch-optimizer's SophiaH fed with the
-Hessian estimates :class:`bert_mp.core.sophia.HessianEstimator` takes (imported only when chosen)."""
+Hessian estimates :class:`bert_mp.core.numerics.hessian.HessianEstimator` takes (imported only when chosen)."""
 
 from __future__ import annotations
 

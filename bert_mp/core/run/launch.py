@@ -92,7 +92,7 @@ def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
     :data:`SHUTDOWN_TIMEOUT_S` unless the user set it."""
     import os
 
-    from bert_mp.core.machines import LAUNCHER_PID_ENV
+    from bert_mp.core.run.machines import LAUNCHER_PID_ENV
 
     env = dict(environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
@@ -114,7 +114,7 @@ def run_launcher(argv: Sequence[str]) -> int:
     import subprocess
     import tempfile
 
-    from bert_mp.core import console
+    from bert_mp.core.run import console
 
     with tempfile.TemporaryDirectory(prefix="bert-mp-launch-") as errors:
         env = {**launcher_env(os.environ), console.LAUNCH_ERRORS_ENV: errors}
@@ -162,7 +162,7 @@ def command(argv: Sequence[str]) -> int:
         return 0
     import torch
 
-    from bert_mp.core.machines import machines_of, meet, pop_join_timeout
+    from bert_mp.core.run.machines import machines_of, meet, pop_join_timeout
 
     options, cmd, args = split_launch_args(argv)
     join_timeout, options = pop_join_timeout(options)

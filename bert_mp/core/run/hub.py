@@ -4,7 +4,7 @@
 to the cache. A command that takes a model reference asks once instead - a single request for the
 repository's file, no retries - and answers at once: the name is on the Hub, it is not, or the Hub
 cannot be reached (then the local cache, if it holds the model, stands in). Local-looking references
-(:func:`bert_mp.core.io.looks_like_local_path`) never get here.
+(:func:`bert_mp.core.storage.files.looks_like_local_path`) never get here.
 """
 
 from __future__ import annotations
