@@ -11,4 +11,5 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-exec "${PYTHON:-python3}" scripts/gpu_check.py "$@"
+export PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"  # its rooms import as packages (gpu.*)
+exec "${PYTHON:-python3}" -m gpu.check "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download (here, where PyPI is reachable) the wheels the lent GPU machine lacks into .wheels/, for its
 # Python (3.12, manylinux x86_64; override with GPU_PYTHON_VERSION=3.11 etc.). No dependencies are
-# resolved here: scripts/gpu_check.py picks, on the GPU machine, the newest `datasets` whose
+# resolved here: scripts/gpu/install.py picks, on the GPU machine, the newest `datasets` whose
 # requirements that machine's own packages (pyarrow, huggingface_hub, fsspec ...) satisfy, so
 # three datasets releases are carried with the dill / multiprocess / fsspec each of them needs.
 # omegaconf 2.4 needs no antlr4 runtime (2.3 needed antlr4-python3-runtime 4.9, an sdist only).

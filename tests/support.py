@@ -420,13 +420,12 @@ def reset_accelerate() -> None:
 
 
 def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` as a module, loaded once (later calls return the same module)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve their module by name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """``scripts/<room>/<name>.py`` (``name`` as ``"drills/fault"``) as a module of its room's package,
+    as the scripts import each other (``scripts/`` on the path), loaded once."""
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(name.replace("/", "."))
 
 
 # --------------------------------------------------------------------------------------------------

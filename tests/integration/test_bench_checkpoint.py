@@ -1,4 +1,4 @@
-"""scripts/bench_checkpoint.py runs end to end at a toy size and writes every field of its JSON (no
+"""scripts/bench/checkpoint.py runs end to end at a toy size and writes every field of its JSON (no
 timing is asserted)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from support import ROOT
 def test_bench_checkpoint_runs(tmp_path):
     out = tmp_path / "ckpt.json"
     cmd = [
-        str(ROOT / "scripts" / "bench_checkpoint.py"),
+        str(ROOT / "scripts" / "bench" / "checkpoint.py"),
         "--preset",
         "tiny",
         "--vocab",

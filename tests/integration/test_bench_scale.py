@@ -21,7 +21,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_bench_prepare_shards_runs(tmp_path):
     out = tmp_path / "shards.json"
     _run(
-        [str(ROOT / "scripts" / "bench_prepare_shards.py"), "--size", "200KB", "--shares", "2"]
+        [str(ROOT / "scripts" / "bench" / "prepare_shards.py"), "--size", "200KB", "--shares", "2"]
         + ["--workdir", str(tmp_path / "work"), "--out", str(out)],
         tmp_path,
     )
@@ -37,7 +37,15 @@ def test_bench_prepare_shards_runs(tmp_path):
 def test_bench_scaling_runs(tmp_path):
     out = tmp_path / "scaling.json"
     _run(
-        [str(ROOT / "scripts" / "bench_scaling.py"), "--processes", "1", "2", "--strategies", "ddp", "fsdp"]
+        [
+            str(ROOT / "scripts" / "bench" / "scaling.py"),
+            "--processes",
+            "1",
+            "2",
+            "--strategies",
+            "ddp",
+            "fsdp",
+        ]
         + ["--preset", "tiny", "--seq", "32", "--micro", "2", "--steps", "3", "--rounds", "1"]
         + ["--workdir", str(tmp_path / "work"), "--out", str(out)],
         tmp_path,
@@ -52,7 +60,7 @@ def test_bench_scaling_runs(tmp_path):
 def test_the_scale_model_reads_every_input_from_its_file_and_divides_consistently():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import scale_model
+        from bench import scale_model
     finally:
         sys.path.pop(0)
     m = scale_model.measured()

@@ -23,7 +23,7 @@ def test_bench_prepare_runs(tmp_path):
     out = tmp_path / "prepare.json"
     _run(
         [
-            str(ROOT / "scripts" / "bench_prepare.py"),
+            str(ROOT / "scripts" / "bench" / "prepare.py"),
             "--size",
             "300KB",
             "--num-proc",
@@ -72,7 +72,7 @@ def test_bench_train_runs(tmp_path):
     out = tmp_path / "train.json"
     _run(
         [
-            str(ROOT / "scripts" / "bench_train.py"),
+            str(ROOT / "scripts" / "bench" / "train.py"),
             "--preset",
             "tiny",
             "--vocab",
@@ -111,7 +111,7 @@ def test_bench_train_paths_runs(tmp_path):
     out = tmp_path / "paths.json"
     _run(
         [
-            str(ROOT / "scripts" / "bench_train.py"),
+            str(ROOT / "scripts" / "bench" / "train.py"),
             *("--paths", "padded,unpad,unpad+pack", "--corpus", "short", "--corpus-bytes", "40000"),
             *("--preset", "tiny", "--seq", "64", "--micro-batch", "8", "--steps", "1", "--warmup", "1"),
             *("--repeat", "1", "--precisions", "fp32", "--interleaved-steps", "1", "--out", str(out)),
@@ -138,12 +138,12 @@ def test_bench_train_paths_runs(tmp_path):
 
 
 def test_profile_step_records_only_the_timed_steps(tmp_path):
-    """scripts/profile_step.py: the profiler window holds the ``--steps`` optimizer steps after the
+    """scripts/bench/profile_step.py: the profiler window holds the ``--steps`` optimizer steps after the
     warm-up ones (not the warm-up, the evaluation or the final checkpoint)."""
     out = tmp_path / "profile.json"
     _run(
         [
-            str(ROOT / "scripts" / "profile_step.py"),
+            str(ROOT / "scripts" / "bench" / "profile_step.py"),
             *("--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "2", "--warmup", "1"),
             *("--precision", "fp32", "--paths", "padded,unpad:bf16_pure", "--out", str(out)),
             "--allow-emulated",  # bf16_pure on a CPU without native bf16 too (the script, not the speed)

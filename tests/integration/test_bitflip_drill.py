@@ -1,4 +1,4 @@
-"""The bit-flip drill: scripts/bitflip_drill.py against real training processes.
+"""The bit-flip drill: scripts/drills/bitflip.py against real training processes.
 
 The fast variant flips two bytes (each in its own copy of a finished run); the full drill is
 ``pytest -m slow`` or the script itself (figures in docs/reliability.md).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from support import load_script
 
-drill = load_script("bitflip_drill")
+drill = load_script("drills/bitflip")
 
 
 def test_a_flipped_byte_is_detected_and_the_resume_from_the_previous_checkpoint_is_bit_identical(

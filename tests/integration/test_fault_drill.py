@@ -1,4 +1,4 @@
-"""The kill drill: scripts/fault_drill.py against real training processes.
+"""The kill drill: scripts/drills/fault.py against real training processes.
 
 The fast variant here kills one run inside a checkpoint write (SIGKILL) and then with SIGTERM; the
 full drill (>= 10 trials) is ``pytest -m slow`` or the script itself.
@@ -18,7 +18,7 @@ import bert_mp.pretrain.trainer as train_mod
 from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.storage.files import read_jsonl
 
-drill = load_script("fault_drill")
+drill = load_script("drills/fault")
 
 
 def _train_in_process(cfg, prepared: Path) -> dict:

@@ -14,13 +14,14 @@ from pathlib import Path
 from support import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-gpu_check = load_script("gpu_check")
+profiling = load_script("gpu/profiling")
+settings = load_script("gpu/settings")
 
 
 def test_docs_give_exactly_the_rehearsed_sequence():
     text = (ROOT / "docs" / "gpu.md").read_text()
     documented = re.findall(r'run\(command="bash scripts/gpu_check\.sh \$OUT ([a-z ]+)"', text)
-    assert [tuple(c.split()) for c in documented] == list(gpu_check.COMMANDS)
+    assert [tuple(c.split()) for c in documented] == list(settings.COMMANDS)
 
 
 def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
@@ -28,7 +29,7 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
     env = {"PYTHON": sys.executable, "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
     # the tests phase on one CPU test of two of its files (all four files are collected): its
     # plumbing is what is rehearsed; the suite runs every one of those tests itself
-    env[gpu_check.TESTS_K_ENV] = "test_recorder_basics or test_peak_table_matches_whole_names"
+    env[settings.TESTS_K_ENV] = "test_recorder_basics or test_peak_table_matches_whole_names"
     proc = subprocess.run(
         ["bash", "scripts/gpu_check.sh", str(out), "--rehearse"],
         cwd=ROOT,
@@ -39,15 +40,15 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     record = json.loads((out / "rehearsal.json").read_text())
-    assert record["ok"] and len(record["commands"]) == len(gpu_check.COMMANDS)
-    for i, (cmd, phases) in enumerate(zip(record["commands"], gpu_check.COMMANDS), 1):
+    assert record["ok"] and len(record["commands"]) == len(settings.COMMANDS)
+    for i, (cmd, phases) in enumerate(zip(record["commands"], settings.COMMANDS), 1):
         # a fresh machine each time: every command installed first, then ran its phases
         assert list(cmd["statuses"]) == ["install", *phases] and set(cmd["statuses"].values()) == {"ok"}
         files = sorted(p.name for p in (out / f"command_{i}").iterdir())
-        assert len(files) <= gpu_check.MAX_OUT_FILES, files
+        assert len(files) <= settings.MAX_OUT_FILES, files
         assert {"summary.json", "summary.md", "gpu_check.log", *(f"{p}.json" for p in phases)} <= set(files)
     by_phase = {}
-    for i, phases in enumerate(gpu_check.COMMANDS, 1):
+    for i, phases in enumerate(settings.COMMANDS, 1):
         summary = json.loads((out / f"command_{i}" / "summary.json").read_text())
         by_phase.update({p: summary for p in phases})
     s = by_phase["levers"]
@@ -65,7 +66,7 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
     s = by_phase["tests"]
     assert s["tests"]["failed"] == 0 and s["tests"]["passed"] == 2
     assert s["kernel_check"]["fp32"]["verdict"]
-    assert [r["path"] for r in s["profile"]] == gpu_check.PROFILE_PATHS.split(",")
+    assert [r["path"] for r in s["profile"]] == profiling.PROFILE_PATHS.split(",")
     assert all(r["tokens_per_sec"] > 0 and r["shares"] for r in s["profile"])  # CPU: op self time
     assert by_phase["compile"]["ladder_compiled"]
     runs = by_phase["sweep"]["sweep_runs"]

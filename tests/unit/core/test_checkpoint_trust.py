@@ -22,7 +22,7 @@ from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.storage import checksums as integrity
 from bert_mp.errors import TrainingError
 
-drill = load_script("fault_drill")
+drill = load_script("drills/fault")
 
 
 # --------------------------------------------------------------------------------------------------

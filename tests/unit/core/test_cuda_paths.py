@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from support import ROOT, tiny_model_config
+from support import ROOT, load_script, tiny_model_config
 from transformers import BertForPreTraining
 
 from bert_mp.core.config import load_config
@@ -341,9 +341,7 @@ def test_device_step_metrics_flush_at_log_points():
 
 
 def test_bench_baseline_follows_the_device_argument():
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "scripts" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/harness")
     data = bench.synthetic_prepared(8, 32, 300, 320)
     args = SimpleNamespace(seq=32, micro_batch=2, warmup=1, steps=1, preset="tiny", vocab=300)
     order = torch.arange(8).numpy()

@@ -32,7 +32,7 @@ from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import TrainingError
 
-drill = load_script("fault_drill")
+drill = load_script("drills/fault")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from support import make_prepared, tiny_config
@@ -158,3 +160,36 @@ def test_attention_backends_restrict_sdpa():
     assert torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, q, q), atol=1e-5)
     with attention_backends("efficient"), pytest.raises(RuntimeError):  # no such kernel on a CPU
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+def test_bf16_norms_resume_to_the_bit(tmp_path):
+    """A run with the 16-bit residual stream stopped at step 3 and resumed gives the straight run's
+    losses and weights exactly (the lever holds no state of its own)."""
+    from safetensors.torch import load_file
+    from support import run_config
+
+    from bert_mp.core.config import save_config
+
+    root = tmp_path / "data"
+    make_prepared(root, n_train=40)
+    runs = {}
+    for name in ("straight", "parts"):
+        cfg = tiny_config(
+            tmp_path / name, precision="bf16", layernorm_precision="autocast", max_steps=6, save_every=3
+        )
+        cfg.model.hidden_dropout_prob = 0.1  # the dropout stream is restored too
+        runs[name] = cfg
+
+    def run(cfg, stop_at=None) -> int:
+        path = tmp_path / f"{Path(cfg.train.output_dir).name}.yaml"
+        save_config(cfg, path)
+        return run_config(path, root, stop_at)
+
+    assert run(runs["straight"]) == 0
+    assert run(runs["parts"], stop_at=3) == 3
+    runs["parts"].train.resume = "latest"
+    assert run(runs["parts"]) == 0
+    assert _losses(tmp_path / "straight") == _losses(tmp_path / "parts")
+    a = load_file(str(tmp_path / "straight" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "parts" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

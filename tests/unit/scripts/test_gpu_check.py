@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py on CPU: the wheel choice against a machine's packages, the summary assembled
+"""scripts/gpu/ (the GPU check) on CPU: the wheel choice against a machine's packages, the summary assembled
 from recorded phase files (targets, tables), and the dry-run plumbing of the summary phase."""
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from support import load_script
 
-gpu_check = load_script("gpu_check")
+check = load_script("gpu/check")
+child = load_script("gpu/child")
+cuda_tests = load_script("gpu/cuda_tests")
+install = load_script("gpu/install")
+settings = load_script("gpu/settings")
+summary = load_script("gpu/summary")
+sweep = load_script("gpu/sweep")
 
 
 def _wheel(d: Path, name: str, version: str, requires: list[str]) -> Path:
@@ -78,7 +84,7 @@ def test_newest_datasets_when_the_machine_allows_it(wheels):
         "fsspec": "2026.9.0",
         "pyyaml": "6.0.3",
     }
-    chosen, problems = gpu_check.choose_wheels(wheels, machine)
+    chosen, problems = install.choose_wheels(wheels, machine)
     assert problems == []
     # the machine's own fsspec / xxhash fit: not carried
     assert _names(chosen) == {
@@ -97,7 +103,7 @@ def test_older_datasets_when_pyarrow_is_older(wheels):
         "fsspec": "2026.9.0",
         "pyyaml": "6.0",
     }
-    chosen, problems = gpu_check.choose_wheels(wheels, machine)
+    chosen, problems = install.choose_wheels(wheels, machine)
     assert problems == []
     assert _names(chosen) == {
         "datasets": "4.0.0",
@@ -109,12 +115,12 @@ def test_older_datasets_when_pyarrow_is_older(wheels):
 
 
 def test_nothing_fits_is_reported(wheels):
-    chosen, problems = gpu_check.choose_wheels(
+    chosen, problems = install.choose_wheels(
         wheels, {"pyarrow": "12.0", "huggingface-hub": "1.0", "pyyaml": "6.0"}
     )
     assert "datasets" not in chosen and len(problems) == 1 and "pyarrow" in problems[0]
     # already installed: nothing to do
-    chosen, problems = gpu_check.choose_wheels(wheels, {"datasets": "3.0", "omegaconf": "2.3"})
+    chosen, problems = install.choose_wheels(wheels, {"datasets": "3.0", "omegaconf": "2.3"})
     assert chosen == {} and problems == []
 
 
@@ -150,7 +156,7 @@ def test_summary_from_recorded_phases(tmp_path):
         "compile": None,
         "sweep": None,
     }
-    s = gpu_check.build_summary(phases)
+    s = summary.build_summary(phases)
     t = s["targets"]
     assert t["tf32_speedup_vs_fp32"] == {"value": 3.5, "target": 3.0, "met": True}
     assert t["bf16_speedup_vs_fp32"]["value"] == 5.2 and t["bf16_speedup_vs_fp32"]["met"] is True
@@ -167,25 +173,25 @@ def test_summary_from_recorded_phases(tmp_path):
         "sweep": "not run",
     }
     assert s["targets_compiled"] is None and not s["dry_run"]
-    md = gpu_check.summary_markdown(s)
+    md = summary.summary_markdown(s)
     assert "| bert_mp_bf16 | 5,200 |" in md and "| bf16_mfu | 41.0% | >= 45.0% | NO |" in md
     assert "FAILED tests.test_gpu::test_x" in md and "GEMMs: 0/70" in md
     json.dumps(s)  # serialisable
 
 
 def test_targets_not_measured_without_a_ladder():
-    s = gpu_check.build_summary({"install": None})
+    s = summary.build_summary({"install": None})
     assert all(v["met"] is None for v in s["targets"].values())
-    assert "not measured" not in gpu_check.summary_markdown(s)  # no ladder, no table
+    assert "not measured" not in summary.summary_markdown(s)  # no ladder, no table
 
 
 def test_summary_phase_writes_out_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "STATE", tmp_path / "state")
+    monkeypatch.setattr(settings, "STATE", tmp_path / "state")
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "ladder.json").write_text(
         json.dumps({"status": "ok", "dry_run": True, "bench": _bench(10.0, 30.0, 50.0, 50.0, None)})
     )
-    assert gpu_check.main([str(tmp_path / "out"), "summary"]) == 0
+    assert check.main([str(tmp_path / "out"), "summary"]) == 0
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert s["dry_run"] is True and s["targets"]["bf16_mfu"]["met"] is None
     assert (tmp_path / "out" / "ladder.json").exists() and "dry run" in (
@@ -200,15 +206,15 @@ def test_docstring_corpus(tmp_path):
         '"""A module docstring that is long enough to keep as text."""\ndef f():\n    """Short."""\n'
     )
     (pkg / "b.py").write_text("def broken(:\n")
-    info = gpu_check.write_docstring_corpus(tmp_path / "corpus", 10_000, roots=[tmp_path / "site-packages"])
+    info = sweep.write_docstring_corpus(tmp_path / "corpus", 10_000, roots=[tmp_path / "site-packages"])
     assert info["documents"] == 1 and info["files"] == 1
     text = (tmp_path / "corpus" / "corpus_00.txt").read_text()
     assert text.startswith("A module docstring") and "Short." not in text
 
 
 def _sandbox(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "STATE", tmp_path / "state")
-    monkeypatch.setattr(gpu_check, "SITE", tmp_path / "site")
+    monkeypatch.setattr(settings, "STATE", tmp_path / "state")
+    monkeypatch.setattr(settings, "SITE", tmp_path / "site")
     (tmp_path / "state").mkdir()
 
 
@@ -220,26 +226,26 @@ def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path,
 
     def install(args):
         calls.append("install")
-        gpu_check.SITE.mkdir()
-        (gpu_check.SITE / gpu_check.INSTALLED).write_text("{}")
+        settings.SITE.mkdir()
+        (settings.SITE / settings.INSTALLED).write_text("{}")
         return {"status": "ok", "device": "cpu"}
 
     def ladder(args):
         calls.append("ladder")
-        bench = gpu_check.STATE / "bench.json"
+        bench = settings.STATE / "bench.json"
         # the row a child had measured before it hung: written here, before the child starts, so the
         # cut cannot come before it on a slow machine; the child stands for the hang alone
         bench.write_text(json.dumps({"partial": True, "results": {"bert_mp_fp32": {"tokens_per_sec": 10.0}}}))
         code = "import signal; signal.pause()"  # hangs until the budget cut signals it: no timing
-        rc, _ = gpu_check._run(
-            [sys.executable, "-c", code], args.budget, gpu_check.STATE / "c.log", tick=lambda: None
+        rc, _ = child.run_child(
+            [sys.executable, "-c", code], args.budget, settings.STATE / "c.log", tick=lambda: None
         )
-        return {"status": gpu_check._status(rc), "rc": rc, "bench": gpu_check._read_json(bench)}
+        return {"status": child.status(rc), "rc": rc, "bench": child.read_json(bench)}
 
-    monkeypatch.setitem(gpu_check.RUNNERS, "install", install)
-    monkeypatch.setitem(gpu_check.RUNNERS, "ladder", ladder)
+    monkeypatch.setitem(check.RUNNERS, "install", install)
+    monkeypatch.setitem(check.RUNNERS, "ladder", ladder)
     out = tmp_path / "out"
-    rc = gpu_check.main([str(out), "ladder", "--budget", "ladder=3", "--deadline", "300"])
+    rc = check.main([str(out), "ladder", "--budget", "ladder=3", "--deadline", "300"])
     assert rc == 1 and calls == ["install", "ladder"]
     res = json.loads((out / "ladder.json").read_text())
     assert res["status"] == "timeout" and res["bench"]["results"]["bert_mp_fp32"]["tokens_per_sec"] == 10.0
@@ -248,27 +254,27 @@ def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path,
     assert "ladder: timeout" in (out / "gpu_check.log").read_text()
     # the next command on the same machine finds the install
     calls.clear()
-    gpu_check.main([str(out), "summary"])
+    check.main([str(out), "summary"])
     assert calls == []
 
 
 def test_out_never_gets_more_than_eight_files(tmp_path, monkeypatch):
     _sandbox(tmp_path, monkeypatch)
     for name in ("install", "ladder", "tests", "kernels", "compile", "sweep"):
-        (gpu_check.STATE / f"{name}.json").write_text(json.dumps({"status": "ok"}))
-    assert gpu_check.main([str(tmp_path / "out"), "summary"]) == 0
+        (settings.STATE / f"{name}.json").write_text(json.dumps({"status": "ok"}))
+    assert check.main([str(tmp_path / "out"), "summary"]) == 0
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert len(files) == gpu_check.MAX_OUT_FILES and "install.json" not in files
+    assert len(files) == settings.MAX_OUT_FILES and "install.json" not in files
     assert {"summary.json", "summary.md", "gpu_check.log", "sweep.json"} <= set(files)
 
 
 def test_failing_tests_are_logged_in_full(tmp_path, monkeypatch):
     _sandbox(tmp_path, monkeypatch)
     long_text = "Traceback\n" + "x" * 20_000 + "\nAssertionError: the end"
-    (gpu_check.STATE / "tests.json").write_text(
+    (settings.STATE / "tests.json").write_text(
         json.dumps({"status": "failed", "failures": {"tests/t.py::test_a": long_text}})
     )
-    pub = gpu_check.Publisher(tmp_path / "out", ["tests"])
+    pub = check.Publisher(tmp_path / "out", ["tests"])
     pub.publish()
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "===== FAILED tests/t.py::test_a =====" in log and long_text in log
@@ -277,7 +283,7 @@ def test_failing_tests_are_logged_in_full(tmp_path, monkeypatch):
 def test_too_many_phases_for_one_command_are_refused(tmp_path, monkeypatch):
     _sandbox(tmp_path, monkeypatch)
     with pytest.raises(SystemExit):
-        gpu_check.main([str(tmp_path / "out"), "install", "ladder", "tests", "kernels", "compile", "sweep"])
+        check.main([str(tmp_path / "out"), "install", "ladder", "tests", "kernels", "compile", "sweep"])
 
 
 def test_a_cut_pytest_run_is_counted_from_its_verbose_log():
@@ -286,7 +292,7 @@ def test_a_cut_pytest_run_is_counted_from_its_verbose_log():
         "tests/unit/pretrain/test_gpu.py::test_b[fp16] FAILED   [ 20%]\n"
         "tests/unit/core/test_cuda_paths.py::test_c SKIPPED (needs a CUDA device) [ 30%]\n"
     )
-    found = gpu_check._VERBOSE_RESULT.findall(log)
+    found = cuda_tests.VERBOSE_RESULT.findall(log)
     assert [o for _, o in found] == ["PASSED", "FAILED", "SKIPPED"]
     assert found[1][0] == "tests/unit/pretrain/test_gpu.py::test_b[fp16]"
 
@@ -294,7 +300,7 @@ def test_a_cut_pytest_run_is_counted_from_its_verbose_log():
 def test_bench_rows_are_written_as_they_are_measured(tmp_path):
     import torch
 
-    bench = load_script("bench_train")
+    bench = load_script("bench/train")
     out = tmp_path / "bench.json"
     rows = {"baseline_hf_fp32": {"tokens_per_sec": 5.0}}
     bench.write_progress(str(out), torch.device("cpu"), [], rows)
@@ -303,7 +309,7 @@ def test_bench_rows_are_written_as_they_are_measured(tmp_path):
     rows["bert_mp_fp32"] = {"tokens_per_sec": 6.0}
     bench.write_progress(str(out), torch.device("cpu"), [], rows)
     assert list(json.loads(out.read_text())["results"]) == ["baseline_hf_fp32", "bert_mp_fp32"]
-    assert [r["run"] for r in gpu_check.ladder_rows(json.loads(out.read_text()))] == list(rows)
+    assert [r["run"] for r in summary.ladder_rows(json.loads(out.read_text()))] == list(rows)
 
 
 def test_profile_rows_and_their_lines():
@@ -321,7 +327,7 @@ def test_profile_rows_and_their_lines():
             }
         }
     }
-    rows = gpu_check.profile_rows(report)
+    rows = summary.profile_rows(report)
     assert rows == [
         {
             "path": "padded",
@@ -332,11 +338,11 @@ def test_profile_rows_and_their_lines():
             "shares": {"gemm": 0.6, "layernorm": 0.4},
         }
     ]
-    s = gpu_check.build_summary({"profile": {"status": "ok", "profile": report}})
+    s = summary.build_summary({"profile": {"status": "ok", "profile": report}})
     assert s["profile"] == rows and s["phases"] == {"profile": "ok"}
-    md = gpu_check.summary_markdown(s)
+    md = summary.summary_markdown(s)
     assert (
         "- padded: 400,000 tokens/s under the profiler, 60.0 ms of kernels a step (75.0% of the step): gemm 60.0%, layernorm 40.0%"
         in md
     )
-    assert gpu_check.profile_rows(None) == []
+    assert summary.profile_rows(None) == []

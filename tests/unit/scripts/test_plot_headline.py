@@ -1,4 +1,4 @@
-"""scripts/plot_headline.py: the README's picture from a sweep folder - a small PNG, with the
+"""scripts/figures/plot_headline.py: the README's picture from a sweep folder - a small PNG, with the
 speed-ups the report quotes, and none where the report withholds them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from support import ROOT, load_script
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "sweep"))
 from test_report import make_sweep  # noqa: E402  (the report tests' synthetic sweep folder)
 
-plot_headline = load_script("plot_headline")
+plot_headline = load_script("figures/plot_headline")
 
 
 def _conditions(others: float) -> dict:

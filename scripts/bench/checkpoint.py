@@ -19,7 +19,7 @@ the process (steadier on a shared machine): the median per arm, the checksum cos
 the per-round differences hashed - unhashed, and the ratio of the medians) and the read-and-hash
 throughput of ``verify``. Prints a table and writes JSON.
 
-    python scripts/bench_checkpoint.py --preset base --repeat 5 --out docs/benchmarks/checkpoint_checksum_cpu.json
+    python scripts/bench/checkpoint.py --preset base --repeat 5 --out docs/benchmarks/checkpoint_checksum_cpu.json
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def summarize(raw: dict, args: argparse.Namespace) -> dict:
     cpu = {k: statistics.median(v) for k, v in raw["cpu_seconds"].items()}
     size = raw["bytes"]["hashed"]
     return {
-        "command": f"python scripts/bench_checkpoint.py --preset {args.preset} --repeat {args.repeat}",
+        "command": f"python scripts/bench/checkpoint.py --preset {args.preset} --repeat {args.repeat}",
         "machine": {
             "cpu": _cpu_name(),
             "logical_cpus": os.cpu_count(),

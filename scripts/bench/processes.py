@@ -9,7 +9,7 @@ and all-reduce, so only the floating-point summation order differs: the figures 
 
 On a small CPU box 4 processes oversubscribe the cores; this is a correctness check, not a speed one.
 
-    python scripts/bench_multiprocess.py --processes 1 2 4 --out runs/multiprocess.json
+    python scripts/bench/processes.py --processes 1 2 4 --out runs/multiprocess.json
 """
 
 from __future__ import annotations
@@ -18,18 +18,21 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
-from fault_drill import DrillSpec, child_env, drill_config, prepare_builtin
 from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from drills.fault import DrillSpec, child_env, drill_config, prepare_builtin  # noqa: E402
 
 from bert_mp.core.config import save_config
 from bert_mp.core.run.launch import accelerate_launch
 from bert_mp.core.storage.files import read_jsonl
 
-ACCELERATE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu_multiprocess.yaml"
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "cpu_multiprocess.yaml"
 
 
 def launch(cfg_path: Path, processes: int, log: Path) -> float:

@@ -14,7 +14,7 @@ Inputs, each from the file named in the output:
 Other models and lengths are projected at the measured MFU: positions/s scale with the inverse of the
 FLOPs per position that bert_mp's MFU counts (``pretrain/monitors.py: step_flops``), rows full.
 
-    python scripts/scale_model.py > /tmp/scale.md      # the tables of docs/scale.md
+    python scripts/bench/scale_model.py > /tmp/scale.md      # the tables of docs/scale.md
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LEVERS = "docs/benchmarks/gpu_check_h200/command_8_levers/levers.json"
 PATHS = "docs/benchmarks/gpu_check_h200/command_3_paths/paths.json"
 SCALING = "docs/benchmarks/scaling_cpu.json"

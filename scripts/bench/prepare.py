@@ -22,7 +22,7 @@ median of the per-trial ratios is reported: a slow or fast phase of a shared mac
 both sides of a pair, not one side of the whole comparison. Prints a table and writes JSON
 (``--out``, with every trial).
 
-    python scripts/bench_prepare.py --size 50MB --num-proc 1 2
+    python scripts/bench/prepare.py --size 50MB --num-proc 1 2
 """
 
 from __future__ import annotations
@@ -565,7 +565,7 @@ def main() -> None:
     import transformers
 
     result = {
-        "command": "python scripts/bench_prepare.py " + " ".join(sys.argv[1:]),
+        "command": "python scripts/bench/prepare.py " + " ".join(sys.argv[1:]),
         "size_per_shape_bytes": size,
         "extra_overrides": args.extra,
         "machine": {

@@ -1,8 +1,8 @@
 """The lever ladder: where a bf16 BERT step's time goes, one lever at a time, in one run.
 
-    python scripts/bench_levers.py --out runs/levers.json [--preset base --seq 128 --micro-batch 256]
+    python scripts/bench/levers.py --out runs/levers.json [--preset base --seq 128 --micro-batch 256]
         [--levers compile,bf16_norms,cuda_graphs,unpad] [--corpus builtin] [--attention] [--profile]
-    python scripts/bench_levers.py --large --out runs/large.json [--large-steps 200]
+    python scripts/bench/levers.py --large --out runs/large.json [--large-steps 200]
 
 Ladder: ``bert_mp.pretrain.trainer.train`` (the real loop: data, masking, logging) on the same prepared
 examples, padded eager bf16 first, then each lever added on top of the previous row's config
@@ -14,7 +14,7 @@ x previous row. A lever whose row fails is recorded with its error and left out 
 torch's varlen flash kernel timed on the ladder's attention shape, forward + backward, with the padding
 mask of real batches: what ``model.attention_kernel=auto`` should pick on this device.
 
-``--profile``: the fastest row again under ``torch.profiler`` (scripts/profile_step.py's grouping),
+``--profile``: the fastest row again under ``torch.profiler`` (scripts/bench/profile_step.py's grouping),
 each kernel class's device time per step, plus the idle time: the unprofiled step time minus the
 kernels' time (launch gaps, host work the device waits for).
 
@@ -27,8 +27,6 @@ rules: ``bert_mp.core.loop.parity``).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 
 import torch  # noqa: E402
 
@@ -56,15 +54,14 @@ DEFAULT_LEVERS = "compile,bf16_norms,cuda_graphs,unpad"
 
 
 def _write(report: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    tmp.replace(out)
+    from bench.harness import write_report
+
+    write_report(report, out)
 
 
 def _data(args: argparse.Namespace, work: Path) -> tuple[Any, Any]:
     """The prepared examples every row trains on: the built-in corpus, or synthetic rows."""
-    from bench_train import corpus_data, synthetic_prepared
+    from bench.harness import corpus_data, synthetic_prepared
 
     if args.corpus == "synthetic":
         n = args.micro_batch * (args.steps + args.warmup + 2)
@@ -92,7 +89,7 @@ def _bench_args(
 
 def ladder(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, report: dict, out: Path) -> None:
     """Eager padded, then each lever on top of the rows before it; every row written when measured."""
-    from bench_train import bench_bert_mp
+    from bench.harness import bench_bert_mp
 
     bargs = _bench_args(args, args.preset, args.steps, args.warmup)
     carried: dict[str, Any] = {}
@@ -132,7 +129,7 @@ def extra_rows(
 ) -> None:
     """``--extra-levers``: each on top of the best row alone (after the profile: the rows a short
     budget may lose), in ``report["extra"]``."""
-    from bench_train import bench_bert_mp
+    from bench.harness import bench_bert_mp
 
     bargs = _bench_args(args, args.preset, args.steps, args.warmup)
     rows = report.setdefault("extra", [])
@@ -284,7 +281,7 @@ def batch_lengths(data: Any, n: int) -> list[int]:
 # --------------------------------------------------------------------------------------------------
 def profile_best(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, best: dict) -> dict:
     """The best row under torch.profiler: kernel classes per step, and the idle time beside them."""
-    from profile_step import profile_path
+    from bench.profile_step import profile_path
 
     ns = _bench_args(args, args.preset, args.profile_steps, args.profile_warmup)
     ns.shapes = False
@@ -314,7 +311,7 @@ def large(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None
     """Speed rows for bf16 and fp8, then the parity runs and fp8's verdict against bf16."""
     from dataclasses import replace
 
-    from bench_train import bench_bert_mp, corpus_data
+    from bench.harness import bench_bert_mp, corpus_data
 
     corpus = args.corpus if args.corpus != "synthetic" else "builtin"
     data, data_cfg = corpus_data(corpus, SimpleNamespace(seq=args.large_seq, corpus_bytes=0), work / "large")
@@ -347,8 +344,7 @@ def large(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None
 
 def parity(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, report: dict, out: Path) -> dict:
     """``--large-steps`` steps each of bf16 (seeds 1, 2) and fp8 (seed 1); fp8's verdict against bf16."""
-    from bench_train import bench_bert_mp
-
+    from bench.harness import bench_bert_mp
     from bert_mp.core.loop.parity import VerdictRules, load_curves, verdict
 
     runs = {"bf16": ("bf16", 1), "bf16_seed2": ("bf16", 2), "fp8": ("fp8", 1)}
@@ -410,16 +406,11 @@ def main() -> None:
     p.add_argument("--large-steps", type=int, default=200, help="steps of each parity run")
     p.add_argument("--allow-emulated", action="store_true", help="CPU rehearsal: bf16 / fp8 emulated")
     args = p.parse_args()
-    from bert_mp.core.numerics.precision import device_name, library_versions
+    from bench.harness import machine_record
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     report: dict[str, Any] = {
-        "command": " ".join(["python", *sys.argv]),
-        "device": device_name(dev),
-        "machine": platform.platform(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "versions": library_versions(),
+        **machine_record(),
         "setup": {
             k: getattr(args, k)
             for k in ("preset", "seq", "micro_batch", "steps", "warmup", "precision", "corpus")

@@ -12,14 +12,14 @@ and every precision back to back; the median of the per-round ratios is reported
 with its defaults (on CPU that includes ``model.dropout_impl=auto`` -> fast dropout). Prints a
 table and writes JSON.
 
-    python scripts/bench_train.py --preset mini --seq 128 --micro-batch 32 --steps 8 --warmup 3
+    python scripts/bench/train.py --preset mini --seq 128 --micro-batch 32 --steps 8 --warmup 3
 
 ``--paths padded,unpad,unpad+pack,unpad+compile`` compares encoder paths instead (``model.unpad``,
 ``data.pack_pairs``, ``train.compile=model``) in the first of ``--precisions``, on prepared corpora
 (``--corpus builtin,short``: the built-in documents, or many ~50-token documents generated as in
-scripts/bench_prepare.py), each round with the plain HF loop; ratios are taken within a round:
+scripts/bench/prepare.py), each round with the plain HF loop; ratios are taken within a round:
 
-    python scripts/bench_train.py --paths padded,unpad,unpad+pack --preset mini --steps 4 --warmup 1 \
+    python scripts/bench/train.py --paths padded,unpad,unpad+pack --preset mini --steps 4 --warmup 1 \
         --repeat 1 --precisions fp32 --corpus builtin,short --out docs/benchmarks/train_unpad_cpu.json
 """
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,209 +38,17 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 
-def _tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(vocab_size - len(specials))])}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
-
-
-def synthetic_prepared(n: int, seq: int, vocab_size: int, model_vocab: int, seed: int = 0) -> SimpleNamespace:
-    """Prepared-data contract in memory: NSP pairs of random tokens, 10% shorter (BERT's short_seq_prob)."""
-    from datasets import Dataset, DatasetDict
-
-    rng = np.random.default_rng(seed)
-    cols: dict = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
-    for _ in range(n):
-        total = seq if rng.random() >= 0.1 else int(rng.integers(16, seq))
-        la = int(rng.integers(1, total - 4))
-        lb = total - 3 - la
-        ids = [2, *rng.integers(5, vocab_size, la).tolist(), 3, *rng.integers(5, vocab_size, lb).tolist(), 3]
-        cols["input_ids"].append(ids)
-        cols["token_type_ids"].append([0] * (la + 2) + [1] * (lb + 1))
-        cols["next_sentence_label"].append(int(rng.integers(0, 2)))
-    ds = Dataset.from_dict(cols)
-    stats = {"tokenizer_size": vocab_size, "model_vocab_size": model_vocab, "max_seq_length": seq}
-    return SimpleNamespace(
-        dataset=DatasetDict(train=ds, validation=ds.select(range(min(64, n)))),
-        tokenizer=_tokenizer(vocab_size),
-        stats=stats,
-        path="",
-    )
-
-
-def _reset_accelerate() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
-def _dropout_kw(args) -> dict:
-    """``--attention-dropout``, when given, for every model of the run (HF baseline included)."""
-    p = getattr(args, "attention_dropout", None)
-    return {} if p is None else {"attention_probs_dropout_prob": p}
-
-
-def baseline_setup(data, args, order: np.ndarray, device: torch.device):
-    """The plain HF model (seeded) and its pre-collated batches, all on ``device``."""
-    from transformers import BertForPreTraining
-
-    from bert_mp.core.config import DataConfig, ModelConfig
-    from bert_mp.data.masking import PretrainingCollator
-    from bert_mp.model.bert import bert_config
-
-    collator = PretrainingCollator(
-        data.tokenizer, getattr(args, "data_cfg", None) or DataConfig(max_seq_length=args.seq), seed=42
-    )
-    ds, mb = data.dataset["train"], args.micro_batch
-    batches = []
-    for s in range(args.warmup + args.steps):
-        idx = order[s * mb : (s + 1) * mb]
-        batch = collator([{**ds[int(i)], "index": int(i), "epoch": 0} for i in idx])
-        batches.append({k: v.to(device) for k, v in batch.items()})
-    torch.manual_seed(0)
-    model = BertForPreTraining(
-        bert_config(ModelConfig(preset=args.preset, **_dropout_kw(args)), vocab_size=args.vocab)
-    )
-    return model.to(device).train(), batches
-
-
-def bench_baseline(data, args, order: np.ndarray, device: torch.device, precision: str = "fp32") -> dict:
-    """The plain HF loop on pre-collated batches on ``device``: strict fp32, or bf16 autocast."""
-    from bert_mp.core.numerics.precision import resolve_precision
-
-    plan = resolve_precision(precision, device)
-    plan.apply_backend_flags()
-    model, batches = baseline_setup(data, args, order, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    tokens = [int(b["attention_mask"].sum()) for b in batches[args.warmup :]]  # before timing: no sync inside
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for i, batch in enumerate(batches):
-        if i == args.warmup:
-            sync()  # measurement point: the warm-up steps have finished
-            t0 = time.perf_counter()
-        with plan.autocast():
-            loss = model(**batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    sync()  # measurement point: every timed step has finished
-    secs = time.perf_counter() - t0
-    return {
-        "tokens_per_sec": sum(tokens) / secs,
-        "step_ms": 1000 * secs / args.steps,
-        "steps": args.steps,
-        "device": str(device),
-        "precision": precision,
-    }
-
-
-def bench_bert_mp(
-    data,
-    args,
-    precision: str,
-    out: Path,
-    data_cfg=None,
-    unpad: bool = False,
-    compile_mode: str | None = None,
-    extra: dict | None = None,
-) -> dict:
-    """``bert_mp.pretrain.trainer.train`` with the same model and batch; throughput from its own metrics.jsonl.
-
-    ``data_cfg``: the prepared data's own section (default: synthetic rows of ``--seq``); ``unpad``:
-    ``model.unpad``; ``compile_mode``: ``train.compile`` (default ``--compile``); ``extra``: dotted
-    config keys set last (``{"train.compile_mode": "reduce-overhead"}``), as on the command line.
-    """
-    from bert_mp.core.config import Config, DataConfig, HardwareConfig, ModelConfig, TrainConfig
-    from bert_mp.core.storage.files import read_jsonl
-    from bert_mp.pretrain.trainer import train
-
-    _reset_accelerate()
-    cfg = Config(
-        data=data_cfg or DataConfig(max_seq_length=args.seq),
-        model=ModelConfig(
-            preset=args.preset,
-            dropout_impl=args.dropout_impl,
-            attn_implementation=args.attn_implementation,
-            unpad=unpad,
-            **_dropout_kw(args),
-        ),
-        train=TrainConfig(
-            output_dir=str(out),
-            precision=precision,
-            max_steps=args.warmup + args.steps,
-            global_batch_size=args.micro_batch,
-            micro_batch_size=args.micro_batch,
-            learning_rate=1e-4,
-            eval_max_batches=1,
-            progress_bar=False,
-            export=False,
-            compile=compile_mode or args.compile,
-            # on CUDA the host reads the step metrics every log_every steps and each step of a window
-            # gets the window's mean time: one window for the warm-up steps, the rest after it
-            # (on a CPU reading them costs nothing: every step is its own row)
-            log_every=1 if not torch.cuda.is_available() or args.device == "cpu" else max(1, args.warmup),
-        ),
-        hardware=HardwareConfig(allow_emulated=args.allow_emulated),
-    )
-    for key, value in (extra or {}).items():
-        section, _, name = key.partition(".")
-        if not hasattr(getattr(cfg, section), name):
-            raise SystemExit(f"unknown config key {key}")
-        setattr(getattr(cfg, section), name, value)
-    cfg.validate()
-    summary = train(cfg, data)
-    rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"][args.warmup :]
-    secs = sum(r["time/step_ms"] for r in rows) / 1000
-    toks = sum(r["throughput/tokens_per_sec"] * r["time/step_ms"] / 1000 for r in rows)
-    mfus = [r.get("throughput/mfu") for r in rows]
-    return {
-        "tokens_per_sec": toks / secs,
-        "step_ms": 1000 * secs / len(rows),
-        # per logged row (one step on a CPU, a window's mean on CUDA): a late recompile shows here
-        "step_ms_each": [round(r["time/step_ms"], 2) for r in rows],
-        "steps": len(rows),
-        "mfu": float(np.median(mfus)) if all(m is not None for m in mfus) and mfus else None,
-        "data_wait_fraction": float(np.mean([r["data/wait_fraction"] for r in rows])),
-        "peak_memory_bytes": summary.get("memory", {}).get("peak_bytes"),
-        "peak_reserved_bytes": summary.get("memory", {}).get("peak_reserved_bytes"),
-        "compile": compile_mode or args.compile,
-        "compiled_graphs": (summary.get("compile") or {}).get("graphs"),
-        "graph_breaks": (summary.get("compile") or {}).get("graph_breaks"),
-        "cudagraph_skips": (summary.get("compile") or {}).get("cudagraph_skips"),
-        "precision_in_effect": summary["precision"],
-    }
-
-
-def write_progress(out: str, device: torch.device, rounds: list[dict], res: dict) -> None:
-    """Each run's figures the moment they are measured (``"partial": true``), so a run cut at a
-    deadline still leaves every row it finished; the final report replaces this file."""
-    from bert_mp.core.numerics.precision import device_name
-
-    done = rounds[0] if rounds else res  # the first round's rows (a later round only refines them)
-    report = {"partial": True, "device": device_name(device), "device_type": device.type, "results": done}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(out).with_suffix(".partial")
-    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    tmp.replace(out)
-
+from bench.harness import (  # noqa: E402
+    bench_baseline,
+    bench_bert_mp,
+    corpus_data,
+    dropout_kw,
+    machine_record,
+    synthetic_prepared,
+    write_progress,
+)
 
 PATHS = {
     # name: (model.unpad, data.pack_pairs, train.compile)
@@ -251,45 +59,14 @@ PATHS = {
 }
 
 
-def corpus_data(corpus: str, args, work: Path):
-    """``bert-mp prepare`` of a corpus shape (built-in documents, or many ~50-token documents as in
-    scripts/bench_prepare.py): the prepared data and its data section."""
-    import importlib.util
-    from dataclasses import replace
-
-    from bert_mp.core.config import Config, DataConfig
-    from bert_mp.data.prepare import load_prepared, prepare
-
-    data_cfg = DataConfig(source="builtin", max_seq_length=args.seq, cache_dir=str(work / "data"))
-    if corpus == "short":
-        spec = importlib.util.spec_from_file_location(
-            "bench_prepare", Path(__file__).with_name("bench_prepare.py")
-        )
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        files = mod.write_corpus(work / "short", args.corpus_bytes, "short")
-        data_cfg = replace(data_cfg, source="text", paths=[str(f) for f in files])
-    elif corpus != "builtin":
-        raise SystemExit(f"--corpus {corpus}: choose builtin or short")
-    return load_prepared(prepare(Config(data=data_cfg))), data_cfg
-
-
 def bench_paths(args) -> None:
     """Padded vs unpadded (vs packed, vs compiled) bert_mp and the plain HF loop, per corpus, in one run."""
-    from bert_mp.core.numerics.precision import device_name, library_versions
     from bert_mp.pretrain.batches import epoch_order
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     names = args.paths.split(",")
     report: dict = {
-        "command": "python scripts/bench_train.py " + " ".join(args.argv),
-        "device": device_name(device),
-        "cpu_model": _cpu_model(),
-        "cpu_threads": torch.get_num_threads(),
-        "machine": platform.platform(),
-        "load_average_before": os.getloadavg(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "versions": library_versions(),
+        **machine_record(device),
         "setup": {
             "preset": args.preset,
             "seq": args.seq,
@@ -440,7 +217,7 @@ def bench_interleaved(
             unpad, pack, _ = PATHS.get(name, (False, False, "none"))
             torch.manual_seed(0)
             model = BertForPreTraining(
-                bert_config(ModelConfig(preset=args.preset, **_dropout_kw(args)), vocab_size=args.vocab)
+                bert_config(ModelConfig(preset=args.preset, **dropout_kw(args)), vocab_size=args.vocab)
             )
             if name != "baseline":
                 install_fast_dropout(model)
@@ -496,17 +273,6 @@ def bench_interleaved(
             if fp32:
                 out[name][f"ratio_vs_fp32_{unit}"] = out[name][key] / fp32[key]
     return out
-
-
-def _cpu_model() -> str:
-    """``lscpu``'s model name (the CPU), or the platform's processor string."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor()
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
 
 
 def main() -> None:
@@ -574,7 +340,7 @@ def main() -> None:
         args.argv = sys.argv[1:]
         return bench_paths(args)
 
-    from bert_mp.core.numerics.precision import device_name, library_versions, resolve_precision
+    from bert_mp.core.numerics.precision import resolve_precision
     from bert_mp.errors import HardwareError
 
     device = torch.device(
@@ -655,14 +421,10 @@ def main() -> None:
         }
 
     report = {
-        "device": device_name(device),
+        **machine_record(device),
         "device_type": device.type,
-        "cpu_threads": torch.get_num_threads(),
-        "machine": platform.platform(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "versions": library_versions(),
         "setup": {
             "preset": args.preset,
             "tokenizer_vocab": args.vocab,

@@ -13,11 +13,11 @@ state or the ``COMPLETE`` manifest itself) with a random non-zero mask, and resu
 - identical: the per-step log (every deterministic field of metrics.jsonl, train and eval rows)
   and the re-exported final weights equal the reference exactly.
 
-    python scripts/bitflip_drill.py --trials 20 --out docs/benchmarks/bitflip_drill_cpu.json
-    python scripts/bitflip_drill.py --prepared DIR --trials 5
+    python scripts/drills/bitflip.py --trials 20 --out docs/benchmarks/bitflip_drill_cpu.json
+    python scripts/drills/bitflip.py --prepared DIR --trials 5
 
 Without ``--prepared`` the data comes from ``bert-mp prepare`` (tiny built-in corpus); see
-scripts/fault_drill.py, whose run configuration, process runner and comparison this reuses.
+scripts/drills/fault.py, whose run configuration, process runner and comparison this reuses.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 
-import fault_drill as kill  # noqa: E402 (the kill drill's helpers, beside this script)
+from drills import fault as kill  # noqa: E402 (the kill drill's helpers)
 
 from bert_mp.core.checkpoint import store as ckpt  # noqa: E402
 

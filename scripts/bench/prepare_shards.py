@@ -1,12 +1,12 @@
 """Prepare on N machines (``data.shard=I/N``): each share's wall time, peak memory and tokens/s
 against one prepare of the whole corpus, each a fresh ``bert-mp prepare`` process.
 
-A corpus of ``--size`` bytes is generated offline (``scripts/bench_prepare.py``'s shapes) with a fixed
+A corpus of ``--size`` bytes is generated offline (``scripts/bench/prepare.py``'s shapes) with a fixed
 tokenizer; the whole corpus is prepared once, then each share in turn (as N machines would at the
 same time). Peak memory is the process's and its workers' resident peak (``stats.json``'s
 ``memory``, from ``getrusage``), which counts the memory-mapped Arrow pages it touched.
 
-    python scripts/bench_prepare_shards.py --size 50MB --shares 3 --out docs/benchmarks/prepare_shards_cpu.json
+    python scripts/bench/prepare_shards.py --size 50MB --shares 3 --out docs/benchmarks/prepare_shards_cpu.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench_prepare import ensure_tokenizer, parse_size, write_corpus
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+
+from bench.prepare import ensure_tokenizer, parse_size, write_corpus  # noqa: E402
 
 
 def prepare(files: list[Path], tokenizer: Path, cache: Path, shard: str, num_proc: int) -> dict:
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     report: dict = {
-        "command": "python scripts/bench_prepare_shards.py "
+        "command": "python scripts/bench/prepare_shards.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu_count": os.cpu_count(), "platform": sys.platform},

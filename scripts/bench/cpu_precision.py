@@ -6,7 +6,7 @@ median time and the median per-round ratio to fp32 (each round times every dtype
 a slow phase of a shared machine hits both sides of a ratio). Where the CPU lacks native support the
 ratio is the cost of torch's emulation, the figure behind ``hardware.allow_emulated``'s warning.
 
-    python scripts/bench_cpu_precision.py --size 512 --rounds 7 --out docs/benchmarks/cpu_precision.json
+    python scripts/bench/cpu_precision.py --size 512 --rounds 7 --out docs/benchmarks/cpu_precision.json
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "versions": library_versions(),
-        "command": "python scripts/bench_cpu_precision.py "
+        "command": "python scripts/bench/cpu_precision.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "results": results,
     }

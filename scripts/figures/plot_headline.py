@@ -1,7 +1,7 @@
 """The README's picture from a sweep folder: the loss per precision over the fp32 seed band, and the
 speed ladder, with the device, versions and command under it.
 
-    python scripts/plot_headline.py runs/quickstart_sweep --out docs/headline.png
+    python scripts/figures/plot_headline.py runs/quickstart_sweep --out docs/headline.png
 
 Run it on the folder that `bash scripts/quickstart.sh` writes; the figures are that run's own, and a
 speed-up the report withholds is withheld here too.

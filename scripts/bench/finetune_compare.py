@@ -1,8 +1,8 @@
 """Does bert_mp pretraining help downstream? Fine-tune one architecture from a pretrained checkpoint
 and from random initialisation, with the same task, budget and seeds, and report both.
 
-    python scripts/finetune_compare.py                      # pretrain (prepare + train), then compare
-    python scripts/finetune_compare.py --checkpoint runs/finetune_compare/pretrain   # reuse a run
+    python scripts/bench/finetune_compare.py                      # pretrain (prepare + train), then compare
+    python scripts/bench/finetune_compare.py --checkpoint runs/finetune_compare/pretrain   # reuse a run
 
 Pretraining runs ``bert-mp prepare`` and ``bert-mp train`` with ``--pretrain-config`` (the built-in
 corpus) in subprocesses and times them; fine-tuning runs ``--finetune-config`` (the built-in
@@ -33,7 +33,7 @@ from bert_mp.finetune.model import load_tokenizer, resolve_checkpoint
 from bert_mp.finetune.tasks import build_label_space, encode_labels, load_task
 from bert_mp.finetune.trainer import run_finetune
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INITS = ("pretrained", "random")
 
 

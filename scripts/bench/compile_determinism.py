@@ -6,7 +6,7 @@ step by step (dynamo guards on the flag, so each setting has its own compiled gr
 during the warm-up). Forward, backward and AdamW per step, in process CPU seconds and wall seconds;
 the ratio is taken within the run. Prints and writes JSON.
 
-    python scripts/bench_compile_determinism.py --preset mini --rows 16 --seq 128 --steps 6 \
+    python scripts/bench/compile_determinism.py --preset mini --rows 16 --seq 128 --steps 6 \
         --out docs/benchmarks/compile_deterministic_cpu.json
 """
 
@@ -76,7 +76,7 @@ def main() -> None:
     torch.use_deterministic_algorithms(False)
     mean = {k: [sum(t[i] for t in v) / len(v) for i in (0, 1)] for k, v in times.items()}
     report = {
-        "command": "python scripts/bench_compile_determinism.py "
+        "command": "python scripts/bench/compile_determinism.py "
         + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "padded")
         + (" --padded" if args.padded else ""),
         "cpu": platform.processor() or platform.machine(),

@@ -1,9 +1,9 @@
 """Where a bert_mp training step spends its device time: kernels grouped by kind, per path.
 
-    python scripts/profile_step.py --out runs/profile_step.json [--preset base --micro-batch 256]
+    python scripts/bench/profile_step.py --out runs/profile_step.json [--preset base --micro-batch 256]
         [--paths padded,unpad,unpad+compile] [--steps 6]
 
-Runs ``bert_mp.pretrain.trainer.train`` (the same call as ``scripts/bench_train.py``, synthetic rows
+Runs ``bert_mp.pretrain.trainer.train`` (the same call as ``scripts/bench/train.py``, synthetic rows
 of ``--seq``) under ``torch.profiler`` and sums each kernel's device time into a group (GEMM,
 attention, normalization, softmax / dropout / GELU / other elementwise, optimizer, copies, reductions,
 compiled fusions: triton on CUDA, inductor's C++ kernels on a CPU). On a CPU the time is each
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 
 import torch  # noqa: E402
 
@@ -56,7 +56,7 @@ def profile_path(data, args, path: str, out: Path, extra: dict | None = None, da
     """One ``--paths`` entry (``PATH`` or ``PATH:PRECISION``) profiled over its timed steps; ``extra``:
     dotted config keys on top (as ``bench_bert_mp`` takes them), ``data_cfg``: a prepared corpus's
     data section (default: the synthetic rows)."""
-    from bench_train import bench_bert_mp
+    from bench.harness import bench_bert_mp
 
     run_name = path.replace(":", "_")
 
@@ -166,7 +166,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from bench_train import synthetic_prepared
+    from bench.harness import synthetic_prepared
 
     ns = SimpleNamespace(
         preset=args.preset,

@@ -6,7 +6,7 @@ memory probe (``bert_mp.sweep.diagnostics.probe_precision``, the same bookkeepin
 shows) and prints bytes per parameter and the saving of each mode against bf16 autocast with the
 same optimizer. Byte counts are exact storage sizes, independent of the machine's speed.
 
-    python scripts/bench_memory_precision.py --preset mini --out docs/benchmarks/memory_precision.json
+    python scripts/bench/memory_precision.py --preset mini --out docs/benchmarks/memory_precision.json
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def main() -> None:
             "versions": library_versions(),
             "preset": args.preset,
             "vocab_size": args.vocab,
-            "command": f"python scripts/bench_memory_precision.py --preset {args.preset} --out {args.out}",
+            "command": f"python scripts/bench/memory_precision.py --preset {args.preset} --out {args.out}",
             "rows": rows,
         }
         args.out.write_text(json.dumps(out, indent=2) + "\n")

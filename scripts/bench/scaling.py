@@ -10,7 +10,7 @@ warm-up steps), with the load it met (``conditions``). The median round is repor
 On a machine with fewer free cores than processes the figure measures the machine, not bert_mp: the
 JSON records the cores, the load average and the cores other processes used during each run.
 
-    python scripts/bench_scaling.py --processes 1 2 --strategies ddp fsdp --out docs/benchmarks/scaling_cpu.json
+    python scripts/bench/scaling.py --processes 1 2 --strategies ddp fsdp --out docs/benchmarks/scaling_cpu.json
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FSDP = ROOT / "configs" / "accelerate" / "fsdp.yaml"
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir = args.workdir.resolve()
     args.workdir.mkdir(parents=True, exist_ok=True)
     report: dict = {
-        "command": "python scripts/bench_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python scripts/bench/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "versions": versions(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "setup": {

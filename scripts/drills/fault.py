@@ -11,8 +11,8 @@ Per kill it records where the process died, the newest complete checkpoint left 
 steps lost (logged steps beyond that checkpoint: at most ``train.save_every`` for SIGKILL, 0 for
 SIGTERM). Dropout is on, so the restored RNG streams are checked too.
 
-    python scripts/fault_drill.py --out runs/fault_drill.json
-    python scripts/fault_drill.py --prepared DIR --trials 10 --kills 2 --out drill.json
+    python scripts/drills/fault.py --out runs/fault_drill.json
+    python scripts/drills/fault.py --prepared DIR --trials 10 --kills 2 --out drill.json
 
 Without ``--prepared`` the data comes from ``bert-mp prepare`` (tiny built-in corpus) and every
 training process is the real CLI, ``python -m bert_mp train CONFIG``. ``--prepared DIR`` takes a
