@@ -697,3 +697,52 @@ def launch_config(
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode in codes, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+# --------------------------------------------------------------------------------------------------
+# launched runs: a small text corpus prepared once, and the environment of a launched process
+# --------------------------------------------------------------------------------------------------
+LAUNCH_DATA = [
+    "data.source=text",
+    "data.paths=[corpus/a.txt]",
+    "data.tokenizer=tok",
+    "data.max_seq_length=32",
+    "data.validation_fraction=0.1",
+    "data.cache_dir=data",
+]
+"""The data overrides of a launched run's project folder (paths relative to it)."""
+
+
+def launch_project(root: Path) -> Path:
+    """``root/corpus/a.txt``, ``root/tok`` and the prepared ``root/data/<key>/`` that every launched run
+    of a test module reuses (the runs start in ``root``)."""
+    from bert_mp.core.config import load_config
+    from bert_mp.data.prepare import prepare
+
+    rng = random.Random(0)
+    docs = [
+        " ".join(" ".join(f"w{rng.randrange(59)}" for _ in range(rng.randint(4, 12))) + "." for _ in range(4))
+        for _ in range(120)
+    ]
+    (root / "corpus").mkdir()
+    (root / "corpus" / "a.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    make_tokenizer().save_pretrained(str(root / "tok"))
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        prepare(load_config(None, LAUNCH_DATA))
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """A launched run's environment: offline, one thread per process, quiet tokenizers."""
+    return {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        **extra,
+    }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,25 +18,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import ROOT, free_port, hold_env, make_tokenizer, own_session, wait_held
+from support import (
+    LAUNCH_DATA,
+    ROOT,
+    free_port,
+    hold_env,
+    launch_env,
+    launch_project,
+    own_session,
+    wait_held,
+)
 
 from bert_mp.core.checkpoint import store as ckpt
-from bert_mp.core.config import load_config
 from bert_mp.core.storage.files import read_jsonl
-from bert_mp.data.prepare import prepare
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
 
-DATA = [
-    "data.source=text",
-    "data.paths=[corpus/a.txt]",
-    "data.tokenizer=tok",
-    "data.max_seq_length=32",
-    "data.validation_fraction=0.1",
-    "data.cache_dir=data",
-]
 TRAIN = [
-    *DATA,
+    *LAUNCH_DATA,
     "model.hidden_size=32",
     "model.num_hidden_layers=2",
     "model.num_attention_heads=2",
@@ -54,33 +52,7 @@ TRAIN = [
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """corpus/a.txt, tok/ and the prepared data/<key>/ (every run reuses it)."""
-    root = tmp_path_factory.mktemp("machines")
-    rng = random.Random(0)
-    docs = [
-        " ".join(" ".join(f"w{rng.randrange(59)}" for _ in range(rng.randint(4, 12))) + "." for _ in range(4))
-        for _ in range(120)
-    ]
-    (root / "corpus").mkdir()
-    (root / "corpus" / "a.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    make_tokenizer().save_pretrained(str(root / "tok"))
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        prepare(load_config(None, DATA))
-    finally:
-        os.chdir(cwd)
-    return root
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        **extra,
-    }
+    return launch_project(tmp_path_factory.mktemp("machines"))
 
 
 def _machine(
@@ -100,7 +72,7 @@ def _machine(
         subprocess.Popen(
             [sys.executable, "-m", "bert_mp", *args],
             cwd=project,
-            env=env or _env(),
+            env=env or launch_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -132,7 +104,7 @@ def test_two_machines_of_two_processes_train_like_one_machine_of_four(project):
         ]
         + ["train", *TRAIN, "train.output_dir=one", "train.max_steps=4"],
         cwd=project,
-        env=_env(),
+        env=launch_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -151,7 +123,9 @@ def test_sigterm_on_one_machine_stops_both_with_a_checkpoint_and_exit_143(projec
     rank saves the checkpoint together, and machine 0's ranks hand the signal to their own launcher:
     both `bert-mp launch` exit 143; machine 0 prints the stopped line."""
     port, ready = free_port(), project / "held_machines"
-    first = _machine(project, 0, port, "sig", "train.max_steps=100000", env=_env(**hold_env("step:2", ready)))
+    first = _machine(
+        project, 0, port, "sig", "train.max_steps=100000", env=launch_env(**hold_env("step:2", ready))
+    )
     second = _machine(project, 1, port, "sig", "train.max_steps=100000")
     wait_held(first, ready)
     os.kill(second.pid, signal.SIGTERM)  # a job scheduler's SIGTERM, to one machine
@@ -196,7 +170,7 @@ def test_fsdp_launch_stops_on_sigterm_with_a_sharded_checkpoint_and_exit_143(pro
         subprocess.Popen(
             [sys.executable, "-m", "bert_mp", *args],
             cwd=project,
-            env=_env(**hold_env("step:2", ready)),
+            env=launch_env(**hold_env("step:2", ready)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,23 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import free_port, hold_env, make_tokenizer, own_session, wait_held
-
-from bert_mp.core.config import load_config
-from bert_mp.data.prepare import prepare
+from support import (
+    LAUNCH_DATA,
+    free_port,
+    hold_env,
+    launch_env,
+    launch_project,
+    own_session,
+    wait_held,
+)
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
 
-DATA = [
-    "data.source=text",
-    "data.paths=[corpus/a.txt]",
-    "data.tokenizer=tok",
-    "data.max_seq_length=32",
-    "data.validation_fraction=0.1",
-    "data.cache_dir=data",
-]
 TRAIN = [
-    *DATA,
+    *LAUNCH_DATA,
     "model.hidden_size=32",
     "model.num_hidden_layers=2",
     "model.num_attention_heads=2",
@@ -47,33 +43,7 @@ TRAIN = [
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """corpus/a.txt, tok/ and the prepared data/<key>/ (the runs reuse it)."""
-    root = tmp_path_factory.mktemp("launch")
-    rng = random.Random(0)
-    docs = [
-        " ".join(" ".join(f"w{rng.randrange(59)}" for _ in range(rng.randint(4, 12))) + "." for _ in range(4))
-        for _ in range(120)
-    ]
-    (root / "corpus").mkdir()
-    (root / "corpus" / "a.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    make_tokenizer().save_pretrained(str(root / "tok"))
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        prepare(load_config(None, DATA))
-    finally:
-        os.chdir(cwd)
-    return root
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        **extra,
-    }
+    return launch_project(tmp_path_factory.mktemp("launch"))
 
 
 def _port() -> str:
@@ -97,7 +67,7 @@ def test_launch_two_processes_stops_on_a_signal_with_its_exit_code_and_one_line(
         subprocess.Popen(
             [sys.executable, "-m", "bert_mp", *args],
             cwd=project,
-            env=_env(**hold_env("step:2", ready)),
+            env=launch_env(**hold_env("step:2", ready)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -131,7 +101,7 @@ def test_accelerate_launch_cpu_with_two_processes_says_that_one_runs(project):
     args = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
     args += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     args += ["-m", "bert_mp", "train", *TRAIN, "train.output_dir=one", "train.max_steps=1"]
-    proc = subprocess.run(args, cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args, cwd=project, env=launch_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warned = [line for line in proc.stderr.splitlines() if "was asked for 2 processes" in line]
     assert len(warned) == 1 and warned[0].startswith("bert-mp train: warning: accelerate launch"), proc.stderr
@@ -144,7 +114,7 @@ def test_launch_checks_the_config_before_any_process_starts(project):
     proc = subprocess.run(
         [sys.executable, "-m", "bert_mp", *args],
         cwd=project,
-        env=_env(),
+        env=launch_env(),
         capture_output=True,
         text=True,
         timeout=120,
