@@ -47,7 +47,7 @@ from bert_mp.core.loop.state import (  # the exit codes are re-exported: `bert-m
     signal_flag,
 )
 from bert_mp.core.numerics.hessian import HessianEstimator
-from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler
+from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from bert_mp.core.numerics.precision import install_scaler
 from bert_mp.core.numerics.step_scalars import DeviceStepMetrics
 from bert_mp.core.numerics.subnormal import apply_flush_denormal
@@ -316,6 +316,7 @@ class Trainer(TrainingLoop):
                 "attn_implementation": inner.config._attn_implementation,
                 "attention_kernel": self.accelerator.unwrap_model(self.model).attention_kernel,
             },
+            "optimizer": describe_optimizer(self.optimizer),
             "batch": {
                 "global": g.global_batch,
                 "micro": g.micro_batch,

@@ -63,7 +63,10 @@ def test_zero_matches_one_process_and_states_its_stage(runs, name, stage):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
-    s = json.loads((runs[name] / "summary.json").read_text())["strategy"]
+    summary = json.loads((runs[name] / "summary.json").read_text())
+    s = summary["strategy"]
+    # the optimizer that updates, looked up through DeepSpeed's and Accelerate's wrappers
+    assert (summary["optimizer"]["class"], summary["optimizer"]["library"]) == ("AdamW", "torch")
     assert (s["name"], s["details"]["zero_stage"], s["backend"], s["parameters_sharded"]) == (
         "deepspeed",
         stage,

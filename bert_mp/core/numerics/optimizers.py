@@ -80,12 +80,59 @@ def build_optimizer(model: nn.Module, cfg: LoopConfig, device: torch.device) -> 
     return opt
 
 
+def optimi_kernel(device: torch.device, foreach: bool) -> dict[str, bool]:
+    """torch-optimi's implementation, stated rather than left to its default: its Triton kernel (the
+    whole update of a tensor, Kahan summation included, in one launch) on a GPU where Triton runs and
+    bf16 is supported; elsewhere ``foreach`` as given, else its per-tensor for-loop.
+
+    optimi 0.3's own default looks a parameter's type up in ``torch.utils._foreach_utils``'s list,
+    which holds ``torch.Tensor`` but not ``nn.Parameter``: a model's parameters fall to the for-loop
+    (one elementwise kernel per operation per tensor; the H200 profile's bf16_pure rows show it).
+    """
+    from optimi.utils import HAS_TRITON
+
+    if device.type == "cuda" and HAS_TRITON and torch.cuda.is_bf16_supported():
+        return {"triton": True, "foreach": False}
+    return {"triton": False, "foreach": foreach}
+
+
+def describe_optimizer(opt: Any) -> dict[str, Any]:
+    """What runs the update (summary.json's ``optimizer``): the class, its library and the kernel
+    path: ``fused``, ``triton``, ``foreach`` (multi-tensor), ``for-loop`` (one kernel per operation
+    per tensor), or ``foreach where the tensors allow`` (a library that decides at each step).
+    Wrappers (Accelerate's, DeepSpeed's) are looked through to the optimizer that updates."""
+    while getattr(opt, "optimizer", None) is not None and opt.optimizer is not opt:
+        opt = opt.optimizer
+    group = opt.param_groups[0] if opt.param_groups else {}
+    foreach = group.get("foreach")
+    if group.get("fused"):
+        kernel = "fused"
+    elif group.get("triton"):
+        kernel = "triton"
+    else:
+        if foreach is None and type(opt).__module__.startswith("torch.optim"):
+            from torch.optim.optimizer import _default_to_fused_or_foreach
+
+            params = [p for g in opt.param_groups for p in g["params"]]
+            foreach = _default_to_fused_or_foreach(params, differentiable=False)[1]
+        kernel = {True: "foreach", False: "for-loop"}.get(foreach, "foreach where the tensors allow")
+    out: dict[str, Any] = {
+        "class": type(opt).__name__,
+        "library": type(opt).__module__.split(".")[0],
+        "kernel": kernel,
+    }
+    if group.get("kahan_sum") is not None:
+        out["kahan_sum"] = bool(group["kahan_sum"])
+    return out
+
+
 def _adamw(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kahan: bool) -> Any:
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     if kahan:
         import optimi
 
-        return optimi.AdamW(groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_epsilon, kahan_sum=True)
+        kw = optimi_kernel(device, foreach=False)
+        return optimi.AdamW(groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_epsilon, kahan_sum=True, **kw)
     # bf16 weights: the per-tensor path (the lifted fp32 weight and bf16 states mix dtypes)
     fused = bool(cfg.fused_adamw and not pure and fused_supported(device))
     extra = {"foreach": False} if pure else {}
@@ -101,7 +148,8 @@ def _optimi(cls_name: str) -> Callable[..., Any]:
         kw: dict[str, Any] = {"lr": cfg.learning_rate, "betas": (cfg.adam_beta1, cfg.adam_beta2)}
         if cls_name == "StableAdamW":
             kw["eps"] = cfg.adam_epsilon
-        return getattr(optimi, cls_name)(groups, kahan_sum=kahan, foreach=not pure, triton=False, **kw)
+        kw.update(optimi_kernel(device, foreach=not pure))
+        return getattr(optimi, cls_name)(groups, kahan_sum=kahan, **kw)
 
     return build
 

@@ -13,7 +13,7 @@ import bert_mp.pretrain.trainer as train_mod
 from bert_mp.core.config import OPTIMIZERS, TrainConfig
 from bert_mp.core.numerics.bf16_updates import COMP_KEY, install_bf16_update, stochastic_round_bf16
 from bert_mp.core.numerics.hessian import HessianEstimator
-from bert_mp.core.numerics.optimizers import build_optimizer
+from bert_mp.core.numerics.optimizers import build_optimizer, describe_optimizer, optimi_kernel
 from bert_mp.core.numerics.sophia import Sophia
 from bert_mp.core.storage.files import read_jsonl
 
@@ -90,6 +90,49 @@ def test_bf16_pure_keeps_weights_and_states_in_bf16(name, update):
             opt.state[p].get(k) is not None for k in (COMP_KEY, "kahan_comp") if k in opt.state[p]
         )
         assert compensated == (update == "kahan")
+
+
+def _gpu_with_triton(monkeypatch):
+    import optimi.optimizer
+    import optimi.utils
+
+    monkeypatch.setattr(optimi.utils, "HAS_TRITON", True)
+    monkeypatch.setattr(optimi.optimizer, "HAS_TRITON", True)  # its constructor's check
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+
+
+def test_optimi_runs_its_triton_kernel_on_a_gpu_and_its_cpu_path_elsewhere(monkeypatch):
+    # optimi's own default would take the per-tensor for-loop for a model's nn.Parameters
+    assert optimi_kernel(torch.device("cpu"), foreach=True) == {"triton": False, "foreach": True}
+    _gpu_with_triton(monkeypatch)
+    assert optimi_kernel(torch.device("cuda"), foreach=True) == {"triton": True, "foreach": False}
+    for name, precision, update in [("adamw", "bf16_pure", "kahan"), ("stable_adamw", "fp32", "kahan")]:
+        model = Tiny().to(torch.bfloat16 if precision == "bf16_pure" else torch.float32)
+        opt = build_optimizer(model, _cfg(name, precision, bf16_update=update), torch.device("cuda"))
+        assert describe_optimizer(opt)["kernel"] == "triton"  # built only: no GPU steps it here
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "want"),
+    [
+        ("adamw", "fp32", {"class": "AdamW", "library": "torch", "kernel": "for-loop"}),
+        ("adamw", "bf16_pure", {"class": "AdamW", "library": "optimi", "kernel": "for-loop", "kahan_sum": True}),
+        ("stable_adamw", "fp32", {"class": "StableAdamW", "library": "optimi", "kernel": "foreach"}),
+        ("lamb", "fp32", {"class": "Lamb", "library": "pytorch_optimizer", "kernel": "foreach where the tensors allow"}),
+    ],
+)
+def test_the_update_kernel_is_described_through_a_wrapper(name, precision, want):
+    class Wrapper:  # Accelerate's and DeepSpeed's wrappers hold the optimizer that updates
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+    model = Tiny().to(torch.bfloat16 if precision == "bf16_pure" else torch.float32)
+    opt = build_optimizer(model, _cfg(name, precision, fused_adamw=False), torch.device("cpu"))
+    got = describe_optimizer(Wrapper(Wrapper(opt)))
+    assert {k: got.get(k) for k in want} == want
+    if name == "adamw" and precision == "fp32":
+        fused = build_optimizer(model, _cfg(name, precision), torch.device("cpu"))
+        assert describe_optimizer(fused)["kernel"] == ("fused" if fused.param_groups[0]["fused"] else "for-loop")
 
 
 def test_kahan_and_stochastic_updates_survive_below_bf16_spacing_and_nearest_rounding_stalls():
