@@ -9,6 +9,7 @@ same run on the same machine, and write each result the moment it is measured.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
@@ -165,7 +166,8 @@ def bench_bert_mp(
 
     reset_accelerate()
     cfg = Config(
-        data=data_cfg or DataConfig(max_seq_length=args.seq),
+        # a copy: ``extra``'s data.* keys set one row's data section, never the rows after it
+        data=copy.deepcopy(data_cfg) if data_cfg is not None else DataConfig(max_seq_length=args.seq),
         model=ModelConfig(
             preset=args.preset,
             dropout_impl=args.dropout_impl,

@@ -11,7 +11,7 @@ from gpu import settings
 from gpu.child import child_env, read_json, run_child, status
 
 LEVERS_RUN = ["--levers", "compile,cuda_graphs,bf16_norms", "--attention", "--profile"]
-LEVERS_RUN += ["--extra-levers", "no_dropout,unpad"]
+LEVERS_RUN += ["--extra-levers", "no_dropout,packed,unpad"]
 """The lever ladder (cumulative), SDPA's kernels timed, the best row profiled, then each extra lever on
 top of the best row (after the profile: a cut loses those first). Measured on an H200 (2026-11-28):
 ``compile,bf16_norms,cuda_graphs,unpad`` then ``no_dropout,max_autotune`` took more than 460 s

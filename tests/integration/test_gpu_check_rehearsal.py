@@ -54,7 +54,9 @@ def test_rehearsal_runs_every_command_fresh_and_each_leaves_its_files(tmp_path):
     s = by_phase["levers"]
     levers = [r["lever"] for r in s["levers"]]
     assert s["dry_run"] and levers[:4] == ["eager", "compile", "cuda_graphs", "bf16_norms"], levers
-    assert len(levers) == 6 and all(r["tokens_per_sec"] > 0 for r in s["levers"]), s["levers"]
+    # the extra levers, each on top of the best row (which one is best depends on the machine)
+    assert [x.rpartition("+")[2] for x in levers[4:]] == ["no_dropout", "packed", "unpad"], levers
+    assert all(r["tokens_per_sec"] > 0 for r in s["levers"]), s["levers"]
     assert s["levers_profile"] and s["attention"]["dropout_0"]["fastest"]
     s = by_phase["large"]
     assert all(s["large"]["speed"][p]["tokens_per_sec"] > 0 for p in ("bf16", "fp8")), s["large"]
