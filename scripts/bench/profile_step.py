@@ -32,7 +32,8 @@ import torch  # noqa: E402
 GROUPS = (
     ("attention", r"fmha|flash|sdpa|attention|cutlassF|cutlassB"),
     ("gemm", r"gemm|nvjet|xmma|sm\d+_.*tensorop|cublas|matmul|addmm|mm_|aten::mm$|aten::bmm$|mkldnn"),
-    ("optimizer", r"multi_tensor|foreach|adam|fused_.*optim"),
+    # optimi's Triton kernels are _adam_kernel, _stableadamw_*_kernel, _lion_kernel
+    ("optimizer", r"multi_tensor|foreach|adam|lion|fused_.*optim"),
     ("compiled fusion", r"^triton_|triton|cpp_fused|kernel_cpp"),
     ("layernorm", r"layer_norm|layernorm|LayerNorm"),
     ("softmax / log-softmax", r"softmax"),

@@ -132,7 +132,9 @@ def _adamw(groups: list, cfg: LoopConfig, device: torch.device, pure: bool, kaha
         import optimi
 
         kw = optimi_kernel(device, foreach=False)
-        return optimi.AdamW(groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_epsilon, kahan_sum=True, **kw)
+        return optimi.AdamW(
+            groups, lr=cfg.learning_rate, betas=betas, eps=cfg.adam_epsilon, kahan_sum=True, **kw
+        )
     # bf16 weights: the per-tensor path (the lifted fp32 weight and bf16 states mix dtypes)
     fused = bool(cfg.fused_adamw and not pure and fused_supported(device))
     extra = {"foreach": False} if pure else {}

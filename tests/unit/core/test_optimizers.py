@@ -116,9 +116,17 @@ def test_optimi_runs_its_triton_kernel_on_a_gpu_and_its_cpu_path_elsewhere(monke
     ("name", "precision", "want"),
     [
         ("adamw", "fp32", {"class": "AdamW", "library": "torch", "kernel": "for-loop"}),
-        ("adamw", "bf16_pure", {"class": "AdamW", "library": "optimi", "kernel": "for-loop", "kahan_sum": True}),
+        (
+            "adamw",
+            "bf16_pure",
+            {"class": "AdamW", "library": "optimi", "kernel": "for-loop", "kahan_sum": True},
+        ),
         ("stable_adamw", "fp32", {"class": "StableAdamW", "library": "optimi", "kernel": "foreach"}),
-        ("lamb", "fp32", {"class": "Lamb", "library": "pytorch_optimizer", "kernel": "foreach where the tensors allow"}),
+        (
+            "lamb",
+            "fp32",
+            {"class": "Lamb", "library": "pytorch_optimizer", "kernel": "foreach where the tensors allow"},
+        ),
     ],
 )
 def test_the_update_kernel_is_described_through_a_wrapper(name, precision, want):
@@ -132,7 +140,9 @@ def test_the_update_kernel_is_described_through_a_wrapper(name, precision, want)
     assert {k: got.get(k) for k in want} == want
     if name == "adamw" and precision == "fp32":
         fused = build_optimizer(model, _cfg(name, precision), torch.device("cpu"))
-        assert describe_optimizer(fused)["kernel"] == ("fused" if fused.param_groups[0]["fused"] else "for-loop")
+        assert describe_optimizer(fused)["kernel"] == (
+            "fused" if fused.param_groups[0]["fused"] else "for-loop"
+        )
 
 
 def test_kahan_and_stochastic_updates_survive_below_bf16_spacing_and_nearest_rounding_stalls():
