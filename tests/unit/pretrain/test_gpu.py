@@ -336,3 +336,39 @@ def test_unpadded_flash_varlen_matches_the_block_path(monkeypatch):
     for name, g in block_grads.items():  # bf16 rounding differs per kernel: compare relative norms
         rel = float((flash_grads[name] - g).norm() / g.norm().clamp_min(1e-6))
         assert rel < 3e-2, (name, rel)
+
+
+@pytest.mark.parametrize("name", ["adamw", "stable_adamw", "lion"])
+def test_optimi_runs_its_triton_update_and_it_matches_its_for_loop(name, monkeypatch):
+    """bf16_pure with Kahan summation: torch-optimi's Triton kernel (asked for by name: its own default
+    takes the for-loop for nn.Parameters) gives the for-loop's weights, to a bf16 rounding."""
+    import copy
+
+    import bert_mp.core.numerics.optimizers as optimizers
+    from bert_mp.core.config import TrainConfig
+
+    pytest.importorskip("triton")
+    cuda = torch.device("cuda")
+    cfg = TrainConfig(optimizer=name, precision="bf16_pure", bf16_update="kahan", learning_rate=1e-3)
+    cfg.validate()
+    torch.manual_seed(0)
+    fast = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 8))
+    fast = fast.to(cuda, torch.bfloat16)
+    loop = copy.deepcopy(fast)
+    opt_fast = optimizers.build_optimizer(fast, cfg, cuda)
+    monkeypatch.setattr(
+        optimizers, "optimi_kernel", lambda device, foreach: {"triton": False, "foreach": False}
+    )
+    opt_loop = optimizers.build_optimizer(loop, cfg, cuda)
+    assert optimizers.describe_optimizer(opt_fast)["kernel"] == "triton"
+    assert optimizers.describe_optimizer(opt_loop)["kernel"] == "for-loop"
+    g = torch.Generator(device=cuda).manual_seed(1)
+    for _ in range(5):
+        for a, b in zip(fast.parameters(), loop.parameters()):
+            a.grad = torch.randn(a.shape, generator=g, device=cuda).to(torch.bfloat16)
+            b.grad = a.grad.clone()
+        opt_fast.step()
+        opt_loop.step()
+    for a, b in zip(fast.parameters(), loop.parameters()):
+        assert opt_fast.state[a]["kahan_comp"].shape == a.shape  # a real compensation buffer
+        torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-5)
