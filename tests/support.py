@@ -711,6 +711,13 @@ LAUNCH_DATA = [
     "data.cache_dir=data",
 ]
 """The data overrides of a launched run's project folder (paths relative to it)."""
+LAUNCH_MODEL = [
+    "model.hidden_size=32",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+]
+"""The tiny model of a launched run (2 layers of width 32)."""
 
 
 def launch_project(root: Path) -> Path:

@@ -20,6 +20,7 @@ import pytest
 import torch
 from support import (
     LAUNCH_DATA,
+    LAUNCH_MODEL,
     ROOT,
     free_port,
     hold_env,
@@ -36,10 +37,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 
 TRAIN = [
     *LAUNCH_DATA,
-    "model.hidden_size=32",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=64",
+    *LAUNCH_MODEL,
     "model.hidden_dropout_prob=0",
     "model.attention_probs_dropout_prob=0",
     "train.global_batch_size=8",

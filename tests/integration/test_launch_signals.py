@@ -17,6 +17,7 @@ import pytest
 import torch
 from support import (
     LAUNCH_DATA,
+    LAUNCH_MODEL,
     free_port,
     hold_env,
     launch_env,
@@ -29,10 +30,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 
 TRAIN = [
     *LAUNCH_DATA,
-    "model.hidden_size=32",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=64",
+    *LAUNCH_MODEL,
     "train.global_batch_size=8",
     "train.micro_batch_size=4",
     "train.eval_max_batches=1",

@@ -3,34 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import free_port, fresh_process_main, make_prepared, tiny_config
+from support import launch_config, make_prepared, tiny_config
 
-from bert_mp.core.config import save_config
-from bert_mp.core.run.launch import accelerate_launch
 from bert_mp.core.storage.files import read_jsonl
-
-
-def _launch(cfg, data_root: Path, processes: int) -> None:
-    cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
-    save_config(cfg, cfg_path)
-    script = cfg_path.with_suffix(".py")
-    script.write_text(fresh_process_main() + "\n")
-    cmd = [
-        *accelerate_launch(processes, cuda=False, port=free_port()),
-        str(script),
-        str(cfg_path),
-        str(data_root),
-    ]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
@@ -42,7 +21,7 @@ def test_two_process_gloo_matches_single_process(tmp_path):
         out = tmp_path / f"p{processes}"
         # one process accumulates 2 micro-batches of 4; two processes take one micro-batch of 4 each
         cfg = tiny_config(out, max_steps=4, global_batch_size=8, micro_batch_size=4, export=False)
-        _launch(cfg, data_root, processes)
+        launch_config(cfg, data_root, processes)
         batch = json.loads((out / "summary.json").read_text())["batch"]
         assert (batch["processes"], batch["accumulation"]) == (processes, 2 // processes)
         rows = list(read_jsonl(out / "metrics.jsonl"))
