@@ -25,17 +25,20 @@ throughput of ``verify``. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bench.harness import write_report  # noqa: E402
 
 
 class _NoHash:
@@ -228,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{report['hashed_over_unhashed_cpu']:.3f} CPU); verify reads {report['verify_gb_per_s']} GB/s"
     )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.out)
     return 0
 
 

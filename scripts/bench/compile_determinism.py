@@ -16,11 +16,15 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch._dynamo.config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bench.harness import write_report  # noqa: E402
 
 
 def main() -> None:
@@ -91,8 +95,7 @@ def main() -> None:
         "compiled_graphs": compiled_graphs(),
         "note": "a shared, loaded machine: only the ratios within this run mean anything",
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, args.out)
     print(json.dumps(report, indent=2))
 
 

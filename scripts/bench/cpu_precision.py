@@ -12,7 +12,6 @@ ratio is the cost of torch's emulation, the figure behind ``hardware.allow_emula
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,6 +21,9 @@ from pathlib import Path
 import torch
 
 from bert_mp.core.numerics.precision import cpu_capabilities, device_name, library_versions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bench.harness import write_report  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(sys.argv[1:] if argv is None else argv),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_report(report, args.out)
     print(f"{report['cpu']} ({report['torch_cpu_capability']}), capabilities {caps.as_dict()}")
     for k, v in results.items():
         lo, hi = v["ratio_min_max"]

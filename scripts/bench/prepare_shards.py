@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
-
+from bench.harness import write_report  # noqa: E402
 from bench.prepare import ensure_tokenizer, parse_size, write_corpus  # noqa: E402
 
 
@@ -92,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         row = prepare(files, tokenizer, work / "cache", shard, args.num_proc)
         report["runs"].append(row)
         print(json.dumps(row), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")  # each row as soon as it is measured
+        write_report(report, args.out)  # each row as soon as it is measured
     whole, shares = report["runs"][0], report["runs"][1:]
     report["summary"] = {
         "whole_wall_s": whole["wall_s"],
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "shares_tokens_sum": sum(r["tokens"] for r in shares),
         "whole_tokens": whole["tokens"],
     }
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(report, args.out)
     print(json.dumps(report["summary"], indent=1))
     return 0
 

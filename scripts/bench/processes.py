@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 from drills.fault import DrillSpec, child_env, drill_config, prepare_builtin  # noqa: E402
 
+from bench.harness import write_report  # noqa: E402
 from bert_mp.core.config import save_config
 from bert_mp.core.run.launch import accelerate_launch
 from bert_mp.core.storage.files import read_jsonl
@@ -120,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     report["torch"] = torch.__version__
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.out)
     return 0
 
 

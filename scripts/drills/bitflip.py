@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
-
-from drills import fault as kill  # noqa: E402 (the kill drill's helpers)
+from bench.harness import write_report  # noqa: E402
 
 from bert_mp.core.checkpoint import store as ckpt  # noqa: E402
+from drills import fault as kill  # noqa: E402 (the kill drill's helpers)
 
 
 @dataclass
@@ -206,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_drill(args.workdir, spec, args.prepared)
     print_report(report)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.out)
     n = report["trials"]
     return 0 if report["detected"] == report["resumed_previous"] == report["identical"] == n else 1
 

@@ -43,6 +43,9 @@ from bert_mp.core.run import hold
 from bert_mp.core.storage.files import read_jsonl
 from bert_mp.pretrain import trainer as train_mod
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bench.harness import write_report  # noqa: E402
+
 # metrics.jsonl fields that depend on wall-clock time or the machine, not on the computation
 _VOLATILE_PREFIXES = ("time/", "throughput/", "memory/", "data/")
 CHILD_TIMEOUT_S = 600
@@ -468,8 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_drill(args.workdir, spec, args.prepared)
     print_report(report)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(report, args.out)
     ok = report["mismatches"] == 0 and report["sigkill"]["steps_lost_bound_violations"] == 0
     return 0 if ok and report["sigterm"]["clean_exits"] == report["sigterm"]["kills"] else 1
 
