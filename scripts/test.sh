@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what is needed into .venv and run the test suite. With no arguments: the whole suite, then
-# the precision / training / fine-tuning / fault tests again as on the weakest supported CPU (no
-# bf16, no fp16, no AMX: BERT_MP_CPU_MASK=all), so a pass here means a pass on any CPU model.
+# every test that took a decision on this CPU's capabilities again as on the weakest supported CPU
+# (no bf16, no fp16, no AMX, ATen's AVX2 kernels), so a pass here means a pass on any CPU model.
 # Extra arguments go to one pytest run instead, e.g. `bash scripts/test.sh -m slow`, or one part of
 # the suite: `bash scripts/test.sh tests/unit` (in-process, per package: tests/unit/data, ...) or
 # `bash scripts/test.sh tests/integration` (the CLI and scripts in fresh processes).
@@ -15,11 +15,19 @@ fi
 # one process). Every test holds on its own: no order, shared folder or port is assumed.
 CPUS="$(python -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)')"
 WORKERS="${BERT_MP_TEST_WORKERS:-$(( CPUS < 2 ? 2 : (CPUS > 4 ? 4 : CPUS) ))}"
-python -m pytest -q -n "$WORKERS" --dist loadfile --durations=15  # the slowest tests in the log
+# Every decision that turns on the CPU's capabilities is traced (bert_mp.core.numerics.precision,
+# BERT_MP_CAPS_TRACE): the tests that took one run again below with every capability masked.
+TRACE_DIR="$(mktemp -d)"
+trap 'rm -rf "$TRACE_DIR"' EXIT
+BERT_MP_CAPS_TRACE="$TRACE_DIR/trace" \
+  python -m pytest -q -n "$WORKERS" --dist loadfile --durations=15  # the slowest tests in the log
+python tests/capability_trace.py "$TRACE_DIR/trace" >"$TRACE_DIR/args"
+if [ ! -s "$TRACE_DIR/args" ]; then
+  echo "[test] no test took a decision on the CPU's capabilities: the trace (BERT_MP_CAPS_TRACE) is broken" >&2
+  exit 1
+fi
 echo
-echo "[test] again with every CPU capability masked (BERT_MP_CPU_MASK=all): precision, train, finetune, faults"
-BERT_MP_CPU_MASK=all python -m pytest -q -n "$WORKERS" --dist loadfile \
-  tests/unit/core/test_precision.py tests/unit/pretrain/test_train.py \
-  tests/unit/finetune/test_finetune.py tests/integration/test_finetune_cli.py \
-  tests/unit/pretrain/test_faults.py tests/integration/test_fault_drill.py \
-  tests/unit/sweep/test_diagnostics.py
+echo "[test] again as on an AVX2-only CPU (BERT_MP_CPU_MASK=all, ATEN_CPU_CAPABILITY=avx2): the" \
+  "$(wc -l <"$TRACE_DIR/args") tests and modules that took a decision on the CPU's capabilities"
+BERT_MP_CPU_MASK=all ATEN_CPU_CAPABILITY=avx2 \
+  python -m pytest -q -n "$WORKERS" --dist loadfile "@$TRACE_DIR/args"

@@ -78,6 +78,72 @@ def pytest_runtest_protocol(item, nextitem):
         signal.signal(signal.SIGALRM, previous)
 
 
+# --------------------------------------------------------------------------------------------------
+# CPU seconds per test: the test process and every process it started and waited for (the commands
+# under test, their launchers and ranks). Unlike wall time they hardly change with the machine's
+# load, so the suite's cost can be read on a busy machine; the summary lists the dearest tests and
+# the total. BERT_MP_TEST_CPU_REPORT=<file> also writes every test's seconds there as JSON.
+# --------------------------------------------------------------------------------------------------
+CPU_REPORT_ENV = "BERT_MP_TEST_CPU_REPORT"
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    start = _cpu_seconds()
+    yield
+    item.user_properties.append(("cpu_seconds", _cpu_seconds() - start))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    start = _cpu_seconds()
+    yield
+    item.user_properties.append(("cpu_seconds", _cpu_seconds() - start))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    start = _cpu_seconds()
+    yield
+    item.user_properties.append(("cpu_seconds", _cpu_seconds() - start))
+
+
+_CPU_BY_TEST: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # user_properties accumulate over the phases: the last report of a test carries all of them
+    phases = [v for k, v in report.user_properties if k == "cpu_seconds"]
+    if phases:
+        _CPU_BY_TEST[report.nodeid] = sum(phases)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CPU_BY_TEST or hasattr(terminalreporter.config, "workerinput"):
+        return
+    total = sum(_CPU_BY_TEST.values())
+    files: dict[str, float] = {}
+    for nodeid, seconds in _CPU_BY_TEST.items():
+        files[nodeid.split("::", 1)[0]] = files.get(nodeid.split("::", 1)[0], 0.0) + seconds
+    tr = terminalreporter
+    tr.section(f"CPU seconds (test process + the processes it started): {total:.0f} in all")
+    for name, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:10]:
+        tr.write_line(f"{seconds:8.1f}  {100 * seconds / total:4.1f}%  {name}")
+    out = os.environ.get(CPU_REPORT_ENV)
+    if out:
+        import json
+
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"total_cpu_seconds": total, "tests": _CPU_BY_TEST}, f, indent=1, sort_keys=True)
+
+
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     """Accelerate keeps process-wide singletons; each test starts and ends with them reset."""

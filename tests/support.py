@@ -41,6 +41,13 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_WORDS = 59  # 5 specials + 59 words = 64 tokens
 
 
+def cpu_mask_plus(*features: str) -> str:
+    """``BERT_MP_CPU_MASK`` for a child process: the suite's own mask (``all`` in the masked rerun)
+    with ``features`` added, so a test that hides one feature never unhides another."""
+    own = {f.strip().lower() for f in os.environ.get("BERT_MP_CPU_MASK", "").split(",") if f.strip()}
+    return "all" if "all" in own else ",".join(sorted(own | set(features)))
+
+
 def wordpiece_tokenizer(
     tokens: list[str], bert_text: bool = False, pair_template: bool = False
 ) -> PreTrainedTokenizerFast:

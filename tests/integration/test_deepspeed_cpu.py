@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import ROOT, launch_config, make_prepared, tiny_config
+from support import ROOT, launch_config, make_prepared, run_config, tiny_config
+
+from bert_mp.core.config import save_config
 
 from bert_mp.core.storage.files import read_jsonl
 
@@ -43,7 +45,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("deepspeed")
     make_prepared(root / "data", n_train=64)
     out = {"p1": root / "p1", "zero1": root / "zero1", "zero2": root / "zero2"}
-    launch_config(_config(out["p1"], micro_batch_size=8), root / "data", 1)
+    # the one-process reference trains in this process: the code of a one-process launch, without
+    # the launcher's and the rank's start (test_train_launch.py launches one process and compares)
+    save_config(_config(out["p1"], micro_batch_size=8), root / "p1.yaml")
+    assert run_config(root / "p1.yaml", root / "data") == 0
     launch_config(
         _config(out["zero1"], micro_batch_size=4), root / "data", 2, options=(*ZERO2, "--zero_stage", "1")
     )

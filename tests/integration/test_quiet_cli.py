@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import ROOT
+from support import ROOT, cpu_mask_plus
 from support import finetune_overrides as _overrides
+
+from bert_mp.core.numerics import precision
 
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 for _key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KINETO_LOG_LEVEL", "TRANSFORMERS_VERBOSITY"):
@@ -82,10 +84,12 @@ def test_profiler_lines_only_under_debug(tmp_path):
     assert "profiler_start" in runs["debug"].stderr + runs["debug"].stdout
 
 
-def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_path):
+def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_path, monkeypatch):
     """The real CLI on a CPU without fp16 (masked): fp16 is skipped with its reason printed once; the
     runs record their conditions and the report shows them; no profiler lines. Then fp32 measured
-    again with another thread count: bf16's speed-up is no longer quoted."""
+    again with another thread count: bf16's speed-up is no longer quoted. bf16 runs where the CPU
+    has it and is skipped, with its own reason, where it has not (an AVX2-only CPU, or the suite
+    under BERT_MP_CPU_MASK=all: the mask here adds fp16 to the suite's own)."""
     overrides = [
         f"sweep.output_dir={tmp_path / 'sweep'}",
         "sweep.precisions=[fp32,bf16,fp16]",
@@ -107,7 +111,10 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
         "train.eval_max_batches=1",
         "train.export=false",
     ]
-    env = {**ENV, "BERT_MP_CPU_MASK": "fp16"}  # bf16 runs where the CPU has it
+    mask = cpu_mask_plus("fp16")
+    monkeypatch.setenv(precision.CPU_MASK_ENV, mask)
+    has_bf16 = precision.cpu_capabilities().bf16  # what the sweep's processes see
+    env = {**ENV, precision.CPU_MASK_ENV: mask}
     proc = _cli("sweep", "configs/quickstart_sweep.yaml", *overrides, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
@@ -117,6 +124,12 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
     reason = skip.split("skipped: ", 1)[1]
     assert len(reason) > 40 and out.count(reason) == 1, out
     root = tmp_path / "sweep"
+    bf16_skip = [ln for ln in proc.stdout.splitlines() if "runs/bf16: skipped: " in ln]
+    if has_bf16:
+        assert not bf16_skip and (root / "runs" / "bf16" / "summary.json").is_file(), out
+    else:  # skipped with a reason of its own, said once, and nothing trained
+        assert len(bf16_skip) == 1 and "bf16" in bf16_skip[0].split("skipped: ", 1)[1], out
+        assert not (root / "runs" / "bf16" / "summary.json").exists()
     cond = json.loads((root / "runs" / "fp32" / "summary.json").read_text())["conditions"]
     assert cond["threads"] >= 1 and cond["cores"] == len(os.sched_getaffinity(0))
     assert cond["load_start"] is not None and cond["load_end"] is not None
@@ -138,8 +151,10 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
     assert "runs/fp32-seed43: completed earlier, kept" in again.stdout
     cond = json.loads((root / "runs" / "fp32" / "summary.json").read_text())["conditions"]
     assert cond["threads"] == 1 and cond["threads_source"] == "OMP_NUM_THREADS=1"
-    bf16 = json.loads((root / "runs" / "bf16" / "summary.json").read_text()).get("conditions")
-    if bf16 and bf16["threads"] != 1:  # bf16 ran (a CPU with bf16) on more than one core
+    if not has_bf16:
+        return
+    bf16 = json.loads((root / "runs" / "bf16" / "summary.json").read_text())["conditions"]
+    if bf16["threads"] != 1:  # bf16 ran on more than one core
         line = next(ln for ln in again.stdout.splitlines() if ln.strip().startswith("bf16 "))
         assert "speed not compared" in line
         assert f"threads {bf16['threads']} vs 1" in (root / "report.md").read_text()

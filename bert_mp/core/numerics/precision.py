@@ -57,6 +57,15 @@ run match what the probes report.
 """
 CPU_FEATURES = ("amx", "fp16", "bf16")
 
+CAPS_TRACE_ENV = "BERT_MP_CAPS_TRACE"
+"""A file to which each decision that turns on this CPU's capabilities appends where it was taken.
+
+The place is the running test (``PYTEST_CURRENT_TEST``, which the processes a test starts inherit) or,
+at collection time, the test module that asked. ``scripts/test.sh`` sets it for the whole suite, then
+runs exactly the places it lists again with every capability masked, so a test that branches on the
+CPU is checked as on an AVX2-only machine wherever the suite runs. Unset: nothing is written.
+"""
+
 # The strongest oneDNN ISA that lacks each masked feature set (oneDNN's ISA names, ordered).
 _ONEDNN_ISA_CAP = {
     frozenset({"amx"}): "AVX10_1_512",
@@ -133,8 +142,33 @@ class CpuCapabilities:
         return {"bf16": self.bf16, "fp16": self.fp16, "amx": self.amx, "masked": list(self.masked)}
 
 
+def _trace_capability_decision() -> None:
+    """Append where a capability decision was taken to ``BERT_MP_CAPS_TRACE`` (see there)."""
+    path = os.environ.get(CAPS_TRACE_ENV)
+    if not path:
+        return
+    where = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if not where:  # a test module asking while it is collected (a skip condition)
+        frame = sys._getframe(1)
+        while frame is not None and not os.path.basename(frame.f_code.co_filename).startswith("test_"):
+            frame = frame.f_back
+        if frame is None:
+            return
+        where = f"{os.path.relpath(frame.f_code.co_filename)} (collect)"
+    with open(path, "a", encoding="utf-8") as f:  # one short line: appends from many processes stay whole
+        f.write(where + "\n")
+
+
 def cpu_capabilities() -> CpuCapabilities:
-    """Probe oneDNN (and /proc/cpuinfo for AMX), then apply ``BERT_MP_CPU_MASK``."""
+    """Probe oneDNN (and /proc/cpuinfo for AMX), then apply ``BERT_MP_CPU_MASK``.
+
+    Every call counts as a decision that turns on the CPU (``BERT_MP_CAPS_TRACE``); the record a run
+    writes into summary.json reads :func:`_probe_capabilities` instead."""
+    _trace_capability_decision()
+    return _probe_capabilities()
+
+
+def _probe_capabilities() -> CpuCapabilities:
     mask = cpu_mask()
     # Masking bf16 hides fp16 and AMX too: every CPU with native fp16 or AMX also has bf16, and the
     # oneDNN ISA cap for "no bf16" excludes both.
@@ -344,7 +378,7 @@ class PrecisionPlan:
             "versions": library_versions(),
         }
         if self.device.type == "cpu":
-            out["cpu_capabilities"] = cpu_capabilities().as_dict()
+            out["cpu_capabilities"] = _probe_capabilities().as_dict()
         if self.device.type == "cuda":
             out["cuda_capability"] = ".".join(map(str, _cuda_capability(self.device)))
         return out
@@ -434,7 +468,8 @@ def resolve_precision(
                 f"{key}=fp16 needs tensor cores (compute capability >= 7.0); this is {gpu}. Use {key}=fp32."
             )
     elif device.type == "cpu":
-        emulated = _cpu_check(name, key, cpu_capabilities(), allow_emulated)
+        caps = cpu_capabilities() if name != "fp32" else _probe_capabilities()  # fp32 runs on every CPU
+        emulated = _cpu_check(name, key, caps, allow_emulated)
     elif name != "fp32":
         raise HardwareError(f"{key}={name} is only supported on CUDA and CPU, not {device.type}; use fp32.")
     return PrecisionPlan(
