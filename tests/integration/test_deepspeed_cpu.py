@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 from support import ROOT, launch_config, make_prepared, run_config, tiny_config
 
 from bert_mp.core.config import save_config
-
 from bert_mp.core.storage.files import read_jsonl
 
 pytestmark = [
