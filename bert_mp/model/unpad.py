@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from bert_mp.model.attention import attention_backends
-from bert_mp.model.buckets import allow_recompiles, sequence_bucket
+from bert_mp.model.buckets import allow_recompiles, masked_per_row, sequence_bucket
 
 PREFIX = "bert_mp_unpad_"
 
@@ -427,7 +427,7 @@ def prepare_for_compile(wrapper: nn.Module, data_cfg: Any) -> None:
         wrapper.stream_bucket = token_bucket
     if not wrapper.max_predictions_per_seq:
         wrapper.max_predictions_per_seq = (
-            data_cfg.max_seq_length if data_cfg.whole_word_masking else data_cfg.max_predictions()
+            data_cfg.max_seq_length if data_cfg.whole_word_masking else masked_per_row(data_cfg)
         )
 
 

@@ -29,6 +29,7 @@ TRAIN_KEYS = {
     "optim/grad_norm",
     "time/step_ms",
     "throughput/tokens_per_sec",
+    "throughput/positions_per_sec",
     "throughput/seqs_per_sec",
     "throughput/mfu",
     "memory/peak_bytes",
@@ -217,7 +218,13 @@ def test_the_stopped_line_says_how_to_continue_the_run():
 # --------------------------------------------------------------------------------------------------
 # train.metrics_sync=log: step metrics read back at log points (the CUDA default), same figures
 # --------------------------------------------------------------------------------------------------
-TIMING_KEYS = {"time/step_ms", "throughput/tokens_per_sec", "throughput/seqs_per_sec", "throughput/mfu"}
+TIMING_KEYS = {
+    "time/step_ms",
+    "throughput/tokens_per_sec",
+    "throughput/positions_per_sec",
+    "throughput/seqs_per_sec",
+    "throughput/mfu",
+}
 TIMING_KEYS |= {"data/wait_fraction", "memory/peak_bytes"}
 
 
