@@ -235,6 +235,12 @@ def _builds_sdpa_mask(attn_implementation: str | None) -> bool:
 
 
 COMPILE_MODES = ("none", "model", "layers")
+INDUCTOR_MODES: dict[str, dict[str, Any]] = {
+    # torch's reduce-overhead (CUDA graphs) plus the coordinate-descent tuning torch's max-autotune
+    # also does, without max-autotune's GEMM benchmarking (the long part of its compile)
+    "coordinate-descent": {"triton.cudagraphs": True, "coordinate_descent_tuning": True},
+}
+"""``train.compile_mode`` values that are inductor options rather than a torch.compile mode."""
 
 
 def compile_model(
@@ -251,9 +257,10 @@ def compile_model(
     Shapes are static (``dynamic=False``): under compile the collator pads to one of a few lengths
     and the model gathers and pads to fixed sizes (:mod:`bert_mp.model.buckets`,
     ``unpad.prepare_for_compile``), so a run compiles a bounded number of graphs. ``deterministic``:
-    see :func:`deterministic_inductor`. ``compile_mode``: torch.compile's ``mode``
-    (``train.compile_mode``; ``reduce-overhead`` and ``max-autotune`` add CUDA graphs, which
-    :func:`mark_step` keeps apart from step to step).
+    see :func:`deterministic_inductor`. ``compile_mode``: torch.compile's ``mode``, or inductor's options
+    for a bert_mp mode (:data:`INDUCTOR_MODES`) (``train.compile_mode``; ``reduce-overhead``,
+    ``coordinate-descent`` and ``max-autotune`` add CUDA graphs, which :func:`mark_step` keeps apart
+    from step to step).
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
@@ -262,7 +269,9 @@ def compile_model(
     if deterministic:
         deterministic_inductor()
     options: dict[str, Any] = {"dynamic": dynamic}
-    if compile_mode != "default":
+    if compile_mode in INDUCTOR_MODES:
+        options["options"] = dict(INDUCTOR_MODES[compile_mode])
+    elif compile_mode != "default":
         options["mode"] = compile_mode
     if mode == "model":
         model.compile(**options)

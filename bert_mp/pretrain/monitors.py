@@ -154,7 +154,7 @@ def step_flops(facts: StepFacts, ctx: PretrainContext) -> float:
 # --------------------------------------------------------------------------------------------------
 class ThroughputMonitor(BaseCallback):
     """Tokens/s (non-padding), positions/s (padding included: what the matmuls ran on), sequences/s, step
-    ms, MFU, data-wait fraction.
+    ms, the model's FLOP/s and MFU (that over the device's datasheet peak), data-wait fraction.
 
     Step times are wall-clock between reads of the step metrics, shared evenly by the steps read
     (every step, or every ``log_every`` steps with ``train.metrics_sync=log``); a read waits for the
@@ -187,6 +187,7 @@ class ThroughputMonitor(BaseCallback):
         logs["throughput/tokens_per_sec"] = f.tokens / dt
         logs["throughput/positions_per_sec"] = f.padded_tokens / dt
         logs["throughput/seqs_per_sec"] = f.sequences / dt
+        logs["throughput/flops_per_sec"] = flops / dt  # the model's FLOPs (step_flops), any device
         logs["throughput/mfu"] = flops / dt / self.peak if self.peak else None
         logs["data/wait_fraction"] = min(1.0, f.data_wait_s / dt)
         self.times.append(dt)
@@ -223,6 +224,7 @@ class ThroughputMonitor(BaseCallback):
             "positions_per_sec": sum(self.positions[skip:]) / t,
             "seqs_per_sec": sum(self.seqs[skip:]) / t,
             "step_ms": 1000.0 * t / (len(self.times) - skip),
+            "flops_per_sec": sum(self.flops[skip:]) / t,
             "mfu": sum(self.flops[skip:]) / t / self.peak if self.peak else None,
             "peak_flops": self.peak,
         }

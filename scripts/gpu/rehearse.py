@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu import settings
+from gpu.cache import ARCHIVE
 from gpu.child import clean_env, read_json
 
 
@@ -39,7 +40,9 @@ def rehearse(out: Path) -> int:
 
     A copy of the repository's tracked files stands in for the machine; ``.gpu_site/`` and
     ``runs/`` are deleted before each command, every command gets its own OUT folder, and each
-    must leave its phase files, the summary and the log (at most settings.MAX_OUT_FILES files).
+    must leave its phase files, the summary and the log (at most settings.MAX_OUT_FILES files). The
+    inductor-cache archive a command leaves in its OUT is carried into the next one, as ``carry``
+    would (gpu/cache.py).
     """
     import tempfile
 
@@ -53,9 +56,14 @@ def rehearse(out: Path) -> int:
             if src.is_file():
                 (machine / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, machine / f)
+        carried = None
         for i, phases in enumerate(settings.COMMANDS, 1):
             shutil.rmtree(machine / ".gpu_site", ignore_errors=True)  # a fresh machine each command
             shutil.rmtree(machine / "runs", ignore_errors=True)
+            shutil.rmtree(machine / settings.CARRIED_DIR, ignore_errors=True)
+            if carried is not None:  # what the previous command packed, carried in
+                (machine / settings.CARRIED_DIR).mkdir()
+                shutil.copy2(carried, machine / settings.CARRIED_DIR / ARCHIVE)
             cmd_out = out / f"command_{i}"
             shutil.rmtree(cmd_out, ignore_errors=True)
             argv = ["bash", "scripts/gpu_check.sh", str(cmd_out), *phases, "--dry-run"]
@@ -77,6 +85,7 @@ def rehearse(out: Path) -> int:
                 n: (read_json(cmd_out / f"{n}.json") or {}).get("seconds") for n in ("install", *phases)
             }
             ok = proc.returncode == 0 and not missing and len(got) <= settings.MAX_OUT_FILES
+            carried = cmd_out / ARCHIVE if ARCHIVE in got else carried
             record["commands"].append(
                 {
                     "command": " ".join(["bash scripts/gpu_check.sh $OUT", *phases]),
@@ -84,6 +93,7 @@ def rehearse(out: Path) -> int:
                     "seconds": seconds,
                     "phase_seconds": phase_s,
                     "statuses": statuses,
+                    "cache": ((read_json(cmd_out / "summary.json") or {}).get("inductor_cache")),
                     "files": got,
                     "missing": missing,
                     "ok": ok,

@@ -109,7 +109,7 @@ SWEEP_SIZES = {
     # config, output folder, corpus bytes
     "short": ("configs/sweep_gpu_short.yaml", "runs/sweep_gpu_short", 12 * 2**20),
     "long": ("configs/sweep_gpu_base.yaml", "runs/sweep_gpu_base", 400 * 2**20),
-    "dry": ("configs/sweep_gpu_short.yaml", "runs/gpu_check/sweep_dry", 256 * 2**10),
+    "dry": ("configs/sweep_gpu_short.yaml", "runs/gpu_check/sweep_dry", 64 * 2**10),
 }
 DRY_SWEEP = [
     "model.preset=tiny",
@@ -122,6 +122,7 @@ DRY_SWEEP = [
     "data.vocab_size=500",
     "data.num_proc=1",
     "sweep.precisions=[fp32]",
+    "sweep.recipe_precision=fp32",  # the recipe row's plumbing, at the reference's precision
     "sweep.profile_steps=0",
     "sweep.parity_window=2",
     "data.max_seq_length=32",
@@ -147,6 +148,10 @@ def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
         args.progress({"config": config, "corpus": corpus_info, "runs": sweep_runs(out_dir)})
 
     rc, tail = run_child(cmd, args.budget - (time.monotonic() - t0), settings.STATE / "sweep.log", tick=tick)
+    if rc == 124 and (out_dir / "sweep.json").is_file():  # cut: the verdicts of the runs that finished
+        run_child(
+            [sys.executable, "-m", "bert_mp", "report", str(out_dir)], 60, settings.STATE / "report.log"
+        )
     report = read_json(out_dir / "summary.json")
     return {
         "status": "ok"

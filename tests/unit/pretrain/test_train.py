@@ -31,6 +31,7 @@ TRAIN_KEYS = {
     "throughput/tokens_per_sec",
     "throughput/positions_per_sec",
     "throughput/seqs_per_sec",
+    "throughput/flops_per_sec",
     "throughput/mfu",
     "memory/peak_bytes",
     "data/wait_fraction",
@@ -223,6 +224,7 @@ TIMING_KEYS = {
     "throughput/tokens_per_sec",
     "throughput/positions_per_sec",
     "throughput/seqs_per_sec",
+    "throughput/flops_per_sec",
     "throughput/mfu",
 }
 TIMING_KEYS |= {"data/wait_fraction", "memory/peak_bytes"}
