@@ -335,20 +335,24 @@ def write_progress(out: str, device: torch.device, rounds: list[dict], res: dict
 
 def corpus_data(corpus: str, args, work: Path):
     """``bert-mp prepare`` of a corpus shape (built-in documents, or many ~50-token documents as in
-    scripts/bench/prepare.py): the prepared data and its data section."""
+    scripts/bench/prepare.py), or synthetic rows: the prepared data and its data section."""
     from dataclasses import replace
 
     from bert_mp.core.config import Config, DataConfig
     from bert_mp.data.prepare import load_prepared, prepare
 
     data_cfg = DataConfig(source="builtin", max_seq_length=args.seq, cache_dir=str(work / "data"))
+    if corpus == "synthetic":  # random pairs, nothing prepared: a rehearsal of the sequence, not the data
+        vocab = getattr(args, "vocab", 30522)
+        n = getattr(args, "synthetic_examples", 512)
+        return synthetic_prepared(n, args.seq, vocab, -(-vocab // 64) * 64), data_cfg
     if corpus == "short":
         from bench.prepare import write_corpus
 
         files = write_corpus(work / "short", args.corpus_bytes, "short")
         data_cfg = replace(data_cfg, source="text", paths=[str(f) for f in files])
     elif corpus != "builtin":
-        raise SystemExit(f"--corpus {corpus}: choose builtin or short")
+        raise SystemExit(f"--corpus {corpus}: choose builtin, short or synthetic")
     return load_prepared(prepare(Config(data=data_cfg))), data_cfg
 
 

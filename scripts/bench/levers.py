@@ -78,14 +78,13 @@ def _write(report: dict, out: Path) -> None:
     write_report(report, out)
 
 
-def _data(args: argparse.Namespace, work: Path) -> tuple[Any, Any]:
+def _data(args: argparse.Namespace, work: Path, seq: int = 0, examples: int = 0) -> tuple[Any, Any]:
     """The prepared examples every row trains on: the built-in corpus, or synthetic rows."""
-    from bench.harness import corpus_data, synthetic_prepared
+    from bench.harness import corpus_data
 
-    if args.corpus == "synthetic":
-        n = args.micro_batch * (args.steps + args.warmup + 2)
-        return synthetic_prepared(n, args.seq, 30522, 30528), None
-    return corpus_data(args.corpus, SimpleNamespace(seq=args.seq, corpus_bytes=0), work)
+    n = examples or args.micro_batch * (args.steps + args.warmup + 2)
+    shape = SimpleNamespace(seq=seq or args.seq, corpus_bytes=0, synthetic_examples=n, vocab=args.vocab)
+    return corpus_data(args.corpus, shape, work)
 
 
 def _bench_args(
@@ -317,20 +316,11 @@ def large(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None
     """Speed rows for bf16 and fp8, then the parity runs and fp8's verdict against bf16."""
     from dataclasses import replace
 
-    from bench.harness import bench_bert_mp, corpus_data, synthetic_prepared
-    from bert_mp.core.config import DataConfig
+    from bench.harness import bench_bert_mp
 
     corpus = args.corpus
-    if corpus == "synthetic":  # a rehearsal: the sequence, not the corpus
-        n = args.large_micro_batch * (args.steps + args.warmup + args.large_steps + 2)
-        data, data_cfg = (
-            synthetic_prepared(n, args.large_seq, 30522, 30528),
-            DataConfig(max_seq_length=args.large_seq),
-        )
-    else:
-        data, data_cfg = corpus_data(
-            corpus, SimpleNamespace(seq=args.large_seq, corpus_bytes=0), work / "large"
-        )
+    n = args.large_micro_batch * (args.steps + args.warmup + args.large_steps + 2)
+    data, data_cfg = _data(args, work / "large", seq=args.large_seq, examples=n)
     data_cfg = replace(data_cfg, pack_pairs=True)
     setup = {"preset": args.large_preset, "seq": args.large_seq, "micro_batch": args.large_micro_batch}
     sec = report.setdefault("large", {"setup": {**setup, "corpus": corpus, **LARGE_KEYS}})
@@ -404,6 +394,7 @@ def main() -> None:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--levers", default=DEFAULT_LEVERS, help=f"in order, cumulative; from {', '.join(LEVERS)}")
     p.add_argument("--corpus", default="builtin", help="builtin (the prepared built-in corpus) or synthetic")
+    p.add_argument("--vocab", type=int, default=30522, help="synthetic rows' vocabulary")
     p.add_argument("--no-ladder", action="store_true")
     p.add_argument("--attention", action="store_true", help="time SDPA's kernels on the ladder's shape")
     p.add_argument("--attention-reps", type=int, default=10)

@@ -315,7 +315,9 @@ def main() -> None:
         help=f"compare encoder paths instead of precisions (first of --precisions): any of {', '.join(PATHS)}",
     )
     p.add_argument(
-        "--corpus", default="builtin,short", help="with --paths: prepared corpora (builtin, short)"
+        "--corpus",
+        default="builtin,short",
+        help="with --paths: prepared corpora (builtin, short) or synthetic rows (a rehearsal)",
     )
     p.add_argument("--corpus-bytes", type=int, default=400_000, help="with --paths: size of the short corpus")
     p.add_argument(

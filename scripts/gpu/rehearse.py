@@ -35,6 +35,15 @@ def _repository_files() -> list[str]:
         ]
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child process so far: a command's cost on any machine
+    is the difference around it (wall time also counts what else the machine runs)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def rehearse(out: Path) -> int:
     """Run settings.COMMANDS as docs/gpu.md gives them, with ``--dry-run``, each as on a fresh machine.
 
@@ -67,10 +76,10 @@ def rehearse(out: Path) -> int:
             cmd_out = out / f"command_{i}"
             shutil.rmtree(cmd_out, ignore_errors=True)
             argv = ["bash", "scripts/gpu_check.sh", str(cmd_out), *phases, "--dry-run"]
-            t = time.monotonic()
+            t, cpu = time.monotonic(), _children_cpu()
             env = {**clean_env(), "PYTHON": sys.executable}
             proc = subprocess.run(argv, cwd=machine, capture_output=True, text=True, env=env)
-            seconds = round(time.monotonic() - t, 1)
+            seconds, cpu_s = round(time.monotonic() - t, 1), round(_children_cpu() - cpu, 1)
             got = sorted(x.name for x in cmd_out.iterdir()) if cmd_out.exists() else []
             want = [f"{n}.json" for n in ("install", *phases)] + [
                 "summary.json",
@@ -91,6 +100,7 @@ def rehearse(out: Path) -> int:
                     "command": " ".join(["bash scripts/gpu_check.sh $OUT", *phases]),
                     "rc": proc.returncode,
                     "seconds": seconds,
+                    "cpu_s": cpu_s,
                     "phase_seconds": phase_s,
                     "statuses": statuses,
                     "cache": ((read_json(cmd_out / "summary.json") or {}).get("inductor_cache")),
@@ -101,7 +111,7 @@ def rehearse(out: Path) -> int:
             )
             record["ok"] &= ok
             print(
-                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s, {statuses}"
+                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s ({cpu_s} CPU s), {statuses}"
                 + (f", MISSING {missing}" if missing else ""),
                 flush=True,
             )
