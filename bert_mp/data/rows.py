@@ -70,16 +70,16 @@ def collate_rows(
             bounds.append((r + 1) * length)
     cu_seqlens = np.full(slots + rows + 1, rows * length, dtype=np.int32)
     cu_seqlens[: len(bounds)] = bounds
-    batch = {
-        "input_ids": torch.from_numpy(input_ids),
-        "token_type_ids": torch.from_numpy(token_type_ids),
-        "attention_mask": torch.from_numpy(attention_mask),
-        "labels": torch.from_numpy(labels),
-        "segment_ids": torch.from_numpy(segment_ids),
-        "position_ids": torch.from_numpy(position_ids),
-        "cls_index": torch.from_numpy(cls_index),
-        "cu_seqlens": torch.from_numpy(cu_seqlens),
-    }
+    arrays = dict(
+        input_ids=input_ids,
+        token_type_ids=token_type_ids,
+        attention_mask=attention_mask,
+        labels=labels,
+        segment_ids=segment_ids,
+        position_ids=position_ids,
+        cls_index=cls_index,
+        cu_seqlens=cu_seqlens,
+    )
     if "next_sentence_label" in features[0]:
-        batch["next_sentence_label"] = torch.from_numpy(nsp)
-    return batch
+        arrays["next_sentence_label"] = nsp
+    return {k: torch.from_numpy(v) for k, v in arrays.items()}

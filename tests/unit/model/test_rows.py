@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from support import make_tokenizer, tiny_unpadded_model
+from support import assert_same_step, make_tokenizer, tiny_unpadded_model
 from sync_double import HostSyncRecorder
 
 import bert_mp.model.rows as rows_mod
@@ -55,15 +55,9 @@ def _models(attn: str) -> tuple[PretrainingModel, PretrainingModel]:
 
 
 def _same_step(model: PretrainingModel, reference: PretrainingModel, batches: list) -> None:
-    """Sums of every micro-batch and the gradients of all of them equal the padded path's (fp32)."""
+    """Sums and gradients of every micro-batch equal the padded path's (fp32)."""
     for rows, padded in batches:
-        got, want = model(**rows), reference(**padded)
-        (got["mlm_loss_sum"] + got["nsp_loss_sum"]).backward()
-        (want["mlm_loss_sum"] + want["nsp_loss_sum"]).backward()
-        for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5, msg=k)
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_same_step(model, reference, rows, padded)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
