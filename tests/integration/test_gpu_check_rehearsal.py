@@ -8,6 +8,7 @@ budget, the phase's finished rows must be the start of the sequence and the cut 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +37,11 @@ def rehearsal(tmp_path_factory) -> tuple[Path, dict, dict]:
     """The whole rehearsal, once: its record, and each phase's command summary by phase."""
     out = tmp_path_factory.mktemp("rehearsal")
     env = {"PYTHON": sys.executable, "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    # what tests/conftest.py sets for every process the suite starts (idle OpenMP threads sleep, no
+    # Hub, the CPU mask of a masked run), and nothing else of this shell
+    keep = ("OMP_WAIT_POLICY", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    keep += ("TRANSFORMERS_OFFLINE", "BERT_MP_LOAD_WARNING", "BERT_MP_CPU_MASK")
+    env.update({k: os.environ[k] for k in keep if k in os.environ})
     # the tests phase on one CPU test (all four files are collected): its plumbing is what is
     # rehearsed; the suite runs every one of those tests itself
     env[settings.TESTS_K_ENV] = "test_peak_table_matches_whole_names"
