@@ -15,7 +15,8 @@ error and left out of the rows after it.
 ``--extra-levers``: each on top of the ladder's best row alone (``x_best``), e.g. ``token_budget`` (one
 static shape), ``varlen`` (its rows with torch's varlen kernel: no attention dropout, a recipe row),
 ``no_attention_dropout`` (a recipe row), ``coordinate_descent`` and ``max_autotune`` (inductor's
-tuning, kept in its cache: TORCHINDUCTOR_CACHE_DIR).
+tuning, kept in its cache: TORCHINDUCTOR_CACHE_DIR); ``--late-levers`` the same after the profile and
+the attention timings (the longest compiles, which a short budget loses first).
 
 ``--attention``: SDPA's kernels (cuDNN, flash, memory-efficient, math, torch's own choice) and
 torch's varlen flash kernel timed on the ladder's attention shape, forward + backward, with the padding
@@ -144,14 +145,22 @@ def ladder(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, repor
 
 
 def extra_rows(
-    args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, report: dict, out: Path, best: dict
+    args: argparse.Namespace,
+    data: Any,
+    data_cfg: Any,
+    work: Path,
+    report: dict,
+    out: Path,
+    best: dict,
+    names: list[str],
 ) -> None:
-    """``--extra-levers``: each on top of the ladder's best row alone, in ``report["extra"]``."""
+    """``--extra-levers`` / ``--late-levers``: each on top of the ladder's best row alone, in
+    ``report["extra"]``."""
     from bench.harness import bench_bert_mp
 
     bargs = _bench_args(args, args.preset, args.steps, args.warmup)
     rows = report.setdefault("extra", [])
-    for name in args.extra_levers.split(","):
+    for name in names:
         keys = {**best["config"], **LEVERS[name]}
         row: dict[str, Any] = {
             "lever": f"{best['lever']}+{name}",
@@ -401,6 +410,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--extra-levers", default="", help="each of these on top of the ladder's best row alone")
+    p.add_argument("--late-levers", default="", help="as --extra-levers, after the profile and --attention")
     p.add_argument("--profile", action="store_true", help="profile the fastest row")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--profile-warmup", type=int, default=3)
@@ -440,26 +450,28 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None:
-    """Ladder, the extra rows on its best row, the profile of the best row of all, the attention kernels
-    (in this order: a cut loses the last first), then BERT-large."""
+    """Ladder, the extra rows on its best row, the profile of the best row of all, the attention kernels,
+    the late rows (in this order: a cut loses the last first), then BERT-large."""
     if not args.no_ladder or args.attention or args.profile:
         data, data_cfg = _data(args, work)
     if not args.no_ladder:
         ladder(args, data, data_cfg, work, report, out)
     best = best_row(report.get("ladder") or [])
     if args.extra_levers and best:
-        extra_rows(args, data, data_cfg, work, report, out, best)
-    best = best_row([*(report.get("ladder") or []), *(report.get("extra") or [])])
-    if args.profile and best:
-        report["profile"] = profile_best(args, data, data_cfg, work, best)
+        extra_rows(args, data, data_cfg, work, report, out, best, args.extra_levers.split(","))
+    top = best_row([*(report.get("ladder") or []), *(report.get("extra") or [])])
+    if args.profile and top:
+        report["profile"] = profile_best(args, data, data_cfg, work, top)
         _write(report, out)
-        print(f"profile of {best['lever']}: {report['profile'].get('share_of_step')}", flush=True)
+        print(f"profile of {top['lever']}: {report['profile'].get('share_of_step')}", flush=True)
     if args.attention:
         lengths = batch_lengths(data, args.micro_batch)
         report["attention"] = attention_kernels(args, lengths, (0.1, 0.0))
         _write(report, out)
         for key in ("dropout_0.1", "dropout_0"):
             print(f"attention {key}: fastest {report['attention'][key]['fastest']}", flush=True)
+    if args.late_levers and best:
+        extra_rows(args, data, data_cfg, work, report, out, best, args.late_levers.split(","))
     if args.large:
         large(args, work, report, out)
 

@@ -10,14 +10,14 @@ from typing import Any
 from gpu import settings
 from gpu.child import child_env, read_json, run_child, status
 
-LEVERS_RUN = ["--levers", "cuda_graphs", "--profile", "--attention"]
-LEVERS_RUN += ["--extra-levers", "token_budget,varlen,no_attention_dropout,coordinate_descent,max_autotune"]
+LEVERS_RUN = ["--levers", "cuda_graphs", "--profile", "--attention", "--late-levers", "max_autotune"]
+LEVERS_RUN += ["--extra-levers", "token_budget,varlen,no_attention_dropout,coordinate_descent"]
 """Eager, then today's best (whole-step compile + CUDA graphs: 30.8% MFU on an H200, docs/gpu.md), each new
 lever on top of it alone - one static shape (``data.token_budget``), its rows with torch's varlen kernel
 (no attention dropout: a recipe row), attention dropout 0 alone (a recipe row), inductor's
-coordinate-descent tuning, max-autotune (with the carried cache) - then the profile of the fastest row
-that changes no recipe and SDPA's kernels timed. Each row is written when measured; a cut loses the
-last first. Measured on an H200 (2026-11-28): ``compile,bf16_norms,cuda_graphs,unpad`` then
+coordinate-descent tuning - then the profile of the fastest row that changes no recipe, SDPA's kernels
+timed, and last max-autotune (the longest compile; with the carried cache). Each row is written when
+measured; a cut loses the last first. Measured on an H200 (2026-11-28): ``compile,bf16_norms,cuda_graphs,unpad`` then
 ``no_dropout,max_autotune`` took more than 460 s; bf16 norms (0.93x there) and the bucketed unpadded rows
 are left to ``scripts/bench/levers.py`` by hand."""
 

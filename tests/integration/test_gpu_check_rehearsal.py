@@ -22,7 +22,10 @@ profiling = load_script("gpu/profiling")
 settings = load_script("gpu/settings")
 gpu_levers = load_script("gpu/levers")
 
-EXTRA = gpu_levers.LEVERS_RUN[gpu_levers.LEVERS_RUN.index("--extra-levers") + 1].split(",")
+EXTRA = [
+    *gpu_levers.LEVERS_RUN[gpu_levers.LEVERS_RUN.index("--extra-levers") + 1].split(","),
+    *gpu_levers.LEVERS_RUN[gpu_levers.LEVERS_RUN.index("--late-levers") + 1].split(","),
+]
 
 
 def test_docs_give_exactly_the_rehearsed_sequence():

@@ -119,19 +119,3 @@ def test_a_budget_step_reads_nothing_back_with_the_static_gather(batches):
         (out["mlm_loss_sum"] + out["nsp_loss_sum"]).backward()
     assert rec.events == [], rec.report()
     assert float(out["nsp_count"]) == int((rows["next_sentence_label"] != -100).sum())
-
-
-def test_compiled_rows_compile_once_and_keep_the_padded_losses(batches):
-    """Three micro-batches holding different numbers of examples of different lengths: one graph (the
-    aot_eager backend: dynamo's guards and AOT autograd's trace, not inductor's code), same sums."""
-    import torch._dynamo
-
-    from bert_mp.model.unpad import compiled_graphs
-
-    model, reference = _models("sdpa")
-    model.max_predictions_per_seq = DataConfig(max_seq_length=L, token_budget=True).masking_budget()
-    torch._dynamo.reset()
-    model.compile(backend="aot_eager", dynamic=False)
-    before = compiled_graphs()
-    _same_step(model, reference, batches)
-    assert compiled_graphs() - before == 1
