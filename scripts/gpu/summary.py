@@ -114,7 +114,7 @@ def build_summary(
 def gemm_rates(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     """Per phase, the bf16 GEMM rate its benchmark measured on this machine (the rows' second ceiling)."""
     reports = {
-        name: (p or {}).get("bench") or ((p or {}).get(name) if name in ("levers", "large") else None)
+        name: (p or {}).get("bench") or ((p or {}).get(name) if name in ("levers", "large") else p)
         for name, p in phases.items()
     }
     return {name: r["gemm_rate"] for name, r in reports.items() if isinstance(r, dict) and r.get("gemm_rate")}
@@ -285,6 +285,20 @@ def summary_markdown(s: dict[str, Any]) -> str:
             lines.append(f"- attention {key}: fastest {res.get('fastest')}: {res}")
     if s.get("large"):
         lines += ["", f"## BERT-large packed: {s['large']}"]
+    if s.get("sweep_runs"):
+        lines += [
+            "",
+            "## Sweep runs",
+            "",
+            "| run | status | steps | tokens/s | positions/s | MFU | of GEMM rate | eval MLM loss |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, r in s["sweep_runs"].items():
+            lines.append(
+                f"| {name} | {r.get('status')} | {fmt(r.get('steps'))} | {fmt(r.get('tokens_per_sec'), digits=0)} | "
+                f"{fmt(r.get('positions_per_sec'), digits=0)} | {fmt(r.get('mfu'), pct=True)} | "
+                f"{fmt(r.get('gemm_share'), pct=True)} | {fmt(r.get('eval_mlm_loss'), digits=3)} |"
+            )
     if s.get("sweep"):
         lines += ["", "## Sweep parity verdicts", ""]
         for name, v in s["sweep"].items():

@@ -118,6 +118,8 @@ def test_the_other_commands_measure_what_they_should(rehearsal):
     _, record, by_phase = rehearsal
     runs = by_phase["sweep"]["sweep_runs"]
     assert set(runs) >= {"runs/fp32"} and all(r["status"] == "completed" for r in runs.values())
+    # both ceilings for the sweep's rows too: MFU (n/a on a CPU) and the command's own GEMM rate
+    assert all(r["gemm_share"] > 0 and r["positions_per_sec"] >= r["tokens_per_sec"] for r in runs.values())
     if _finished(record, "sweep"):  # the reference, its second seed and the recipe row, with verdicts
         assert set(runs) == {"runs/fp32", "runs/fp32-seed43", "runs/fp32+no_attention_dropout"}
         assert by_phase["sweep"]["sweep"]["default/fp32+no_attention_dropout"].split(":")[0] in (
