@@ -99,6 +99,32 @@ def test_the_varlen_route_takes_the_batch_cu_seqlens_and_gives_the_same_step(bat
     assert rows_mod.rows_route("cpu", True, 0.0, "math") == "block_diagonal"  # a named SDPA kernel wins
 
 
+def _traceable_varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=None):
+    """The kernel's semantics in tensor ops only (no host read): a token sees its own sequence."""
+    seq = torch.searchsorted(cu_q[1:].long(), torch.arange(q.shape[0]), right=True)
+    mask = seq[:, None] == seq[None, :]
+    out = F.scaled_dot_product_attention(*(x.transpose(0, 1) for x in (q, k, v)), attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+def test_the_compiled_varlen_route_is_one_graph_without_a_break(batches, monkeypatch):
+    """Compiled (aot_eager: dynamo's capture and guards, AOT autograd's trace), the varlen route and its
+    choice trace into one graph for micro-batches of different examples - what CUDA graphs need."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from bert_mp.model.unpad import compiled_graphs
+
+    monkeypatch.setattr(rows_mod, "varlen_kernel", lambda query, dropout, base: _traceable_varlen)
+    model, reference = _models("sdpa")
+    model.max_predictions_per_seq = DataConfig(max_seq_length=L, token_budget=True).masking_budget()
+    torch._dynamo.reset()
+    model.compile(backend="aot_eager", dynamic=False)
+    before, breaks = compiled_graphs(), sum(counters["graph_break"].values())
+    _same_step(model, reference, batches)
+    assert compiled_graphs() - before == 1 and sum(counters["graph_break"].values()) == breaks
+
+
 def test_the_route_on_this_cpu_is_the_block_diagonal_mask():
     # torch's varlen kernel is CUDA-only (torch 2.13's CPU build has no kernel behind the op)
     assert rows_mod.rows_route("cpu", True, 0.0, "auto") == "block_diagonal"
