@@ -391,6 +391,19 @@ def tiny_unpadded_model(max_len: int) -> Any:
     return PretrainingModel(BertForPreTraining(cfg), unpad=True)
 
 
+def assert_same_step(model: Any, reference: Any, batch: dict, reference_batch: dict) -> None:
+    """One micro-batch through both ``PretrainingModel``s from zeroed gradients: the same loss sums and
+    counts (1e-5) and the same gradients (1e-4 relative), in fp32 - another layout of the same examples."""
+    model.zero_grad(), reference.zero_grad()
+    got, want = model(**batch), reference(**reference_batch)
+    (got["mlm_loss_sum"] + got["nsp_loss_sum"]).backward()
+    (want["mlm_loss_sum"] + want["nsp_loss_sum"]).backward()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5, msg=k)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def run_unpadded_batch(model: Any, batch: dict) -> tuple[Any, Any, Any]:
     """``model.unpad.run_unpadded`` on a collated batch: (token states, pooled [CLS] states, labels)."""
     from bert_mp.model.unpad import run_unpadded

@@ -160,6 +160,7 @@ class PretrainingCollator:
         pad_to_multiple_of: int | None = 8,
         pack_pairs: bool | None = None,
         layout: Any = None,
+        budget_rows: int | None = None,
     ):
         warning = data_cfg.masking_cap_warning()
         if warning and data_cfg.masking == "dynamic":
@@ -179,6 +180,12 @@ class PretrainingCollator:
         self.static_length: Any = None
         """Under ``train.compile``: ``padded length -> length`` rounding to one of a few lengths
         (``bert_mp.model.buckets.collate_length``); packed batches then also keep one row per example."""
+        self.budget_rows = budget_rows if data_cfg.token_budget else None
+        """With ``data.token_budget``: every batch is this many rows of ``max_seq_length`` (the trainer's
+        ``train.micro_batch_size``), the examples placed by ``data.packing.fill_rows``."""
+        if data_cfg.token_budget and not budget_rows:
+            raise ValueError("data.token_budget needs the collator's budget_rows (train.micro_batch_size)")
+        self.max_length = data_cfg.max_seq_length
         self.layout = layout
         """None, or ``batch -> extra entries`` added to every collated batch: with ``model.unpad`` the
         trainer sets the unpadded model's host layout here (``unpad_layout``, moved to the device with
@@ -202,6 +209,10 @@ class PretrainingCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not features:
             raise ValueError("PretrainingCollator got an empty batch")
+        if self.budget_rows:
+            from bert_mp.data.rows import collate_rows
+
+            return collate_rows(features, self._example, self.budget_rows, self.max_length, self.pad_token_id)
         batch = self._with_documents(self._packed(features) if self.pack_length else self._padded(features))
         return batch if self.layout is None else {**batch, **self.layout(batch)}
 

@@ -6,9 +6,14 @@ documents, are cut into runs of ``max_seq_length - 2`` tokens; each run becomes
 (RoBERTa's FULL-SENTENCES without the sentence-boundary constraint, i.e. ``run_mlm.py``'s
 ``group_texts``; a run may start or end inside a sentence, and, rarely, right at a document
 separator). There is no randomness: the examples are a function of the block's tokens alone.
+
+Also the load-time packing of examples into rows: ``data.pack_pairs`` (:func:`pack_rows`) and
+``data.token_budget`` (:func:`fill_rows`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,6 +70,38 @@ def pack_rows(lengths: list[int], max_seq_length: int) -> list[list[int]]:
             rows.append([i])
             room.append(max_seq_length - n)
     return rows
+
+
+def examples_per_row(max_seq_length: int) -> int:
+    """The most examples one row of ``data.token_budget`` holds: ``max(2, max_seq_length // 32)``.
+
+    A fixed bound, so the NSP rows (one ``[CLS]`` per example) and the masked-token gather have one
+    size per micro-batch whatever the examples' lengths."""
+    return max(2, max_seq_length // 32)
+
+
+def fill_rows(lengths: Sequence[int], rows: int, length: int, per_row: int) -> list[list[int]]:
+    """The longest prefix of ``lengths`` that fits ``rows`` rows of ``length`` tokens, first fit.
+
+    Each example (in order) goes into the first row with room for it and fewer than ``per_row``
+    examples; the first one that fits nowhere ends the prefix (it and the rest are not placed). Returns
+    the positions in ``lengths`` per row (empty rows included); a prefix's placement does not depend
+    on what follows it, so placing the prefix alone gives the same rows. ``data.token_budget``.
+    """
+    room = np.full(rows, length, dtype=np.int64)
+    count = np.zeros(rows, dtype=np.int64)
+    placed: list[list[int]] = [[] for _ in range(rows)]
+    for i, n in enumerate(lengths):
+        if n > length:
+            raise ValueError(f"example {i} has {n} tokens, more than max_seq_length={length}")
+        fits = (room >= n) & (count < per_row)
+        r = int(fits.argmax())
+        if not fits[r]:
+            break
+        room[r] -= n
+        count[r] += 1
+        placed[r].append(i)
+    return placed
 
 
 def document_segments(

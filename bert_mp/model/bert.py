@@ -23,6 +23,7 @@ from transformers import BertConfig, BertForPreTraining
 from bert_mp.core.config import ModelConfig
 from bert_mp.errors import ConfigError
 from bert_mp.model.attention import attention_backends
+from bert_mp.model.buckets import masked_per_row
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,12 @@ def _builds_sdpa_mask(attn_implementation: str | None) -> bool:
 
 
 COMPILE_MODES = ("none", "model", "layers")
+INDUCTOR_MODES: dict[str, dict[str, Any]] = {
+    # torch's reduce-overhead (CUDA graphs) plus the coordinate-descent tuning torch's max-autotune
+    # also does, without max-autotune's GEMM benchmarking (the long part of its compile)
+    "coordinate-descent": {"triton.cudagraphs": True, "coordinate_descent_tuning": True},
+}
+"""``train.compile_mode`` values that are inductor options rather than a torch.compile mode."""
 
 
 def compile_model(
@@ -250,9 +257,10 @@ def compile_model(
     Shapes are static (``dynamic=False``): under compile the collator pads to one of a few lengths
     and the model gathers and pads to fixed sizes (:mod:`bert_mp.model.buckets`,
     ``unpad.prepare_for_compile``), so a run compiles a bounded number of graphs. ``deterministic``:
-    see :func:`deterministic_inductor`. ``compile_mode``: torch.compile's ``mode``
-    (``train.compile_mode``; ``reduce-overhead`` and ``max-autotune`` add CUDA graphs, which
-    :func:`mark_step` keeps apart from step to step).
+    see :func:`deterministic_inductor`. ``compile_mode``: torch.compile's ``mode``, or inductor's options
+    for a bert_mp mode (:data:`INDUCTOR_MODES`) (``train.compile_mode``; ``reduce-overhead``,
+    ``coordinate-descent`` and ``max-autotune`` add CUDA graphs, which :func:`mark_step` keeps apart
+    from step to step).
     """
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
@@ -261,7 +269,9 @@ def compile_model(
     if deterministic:
         deterministic_inductor()
     options: dict[str, Any] = {"dynamic": dynamic}
-    if compile_mode != "default":
+    if compile_mode in INDUCTOR_MODES:
+        options["options"] = dict(INDUCTOR_MODES[compile_mode])
+    elif compile_mode != "default":
         options["mode"] = compile_mode
     if mode == "model":
         model.compile(**options)
@@ -345,7 +355,7 @@ def static_mask_cap(data_cfg: Any, device: torch.device) -> int | None:
     """
     if torch.device(device).type != "cuda" or data_cfg.whole_word_masking:
         return None
-    return data_cfg.max_predictions()
+    return masked_per_row(data_cfg)
 
 
 class PretrainingModel(nn.Module):
@@ -366,10 +376,13 @@ class PretrainingModel(nn.Module):
         max_predictions_per_seq: int | None = None,
         unpad: bool = False,
         attention_kernel: str = "auto",
+        token_budget: bool = False,
     ):
         super().__init__()
         self.model = model
         self.unpad = unpad
+        self.token_budget = token_budget
+        """``data.token_budget`` rows (``bert_mp/model/rows.py``): the varlen route's attention installed."""
         self.attention_kernel = attention_kernel
         """``model.attention_kernel`` as resolved for the device (:func:`resolve_attention_kernel`)."""
         """Run the encoder on real tokens only (``bert_mp/model/unpad.py``); same parameters."""
@@ -379,17 +392,26 @@ class PretrainingModel(nn.Module):
             from bert_mp.model.unpad import install_unpadded_attention
 
             install_unpadded_attention(model)
+        if token_budget:
+            from bert_mp.model.rows import install_rows_attention
+
+            install_rows_attention(model)
         self.sparse_mlm_head = sparse_mlm_head
         self.max_predictions_per_seq = max_predictions_per_seq
         """With it, the masked rows are gathered into a fixed ``batch x max_predictions_per_seq`` buffer
         (``nonzero_static``): no device-to-host sync for the row count and static shapes for
         ``torch.compile``. The masking never labels more positions per sequence than this."""
 
-    def _masked_rows(self, flat_labels: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Indices of the labelled positions and their targets (-100 where a static buffer is padded)."""
+    def _masked_rows(
+        self, flat_labels: torch.Tensor, batch: int, extra: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices of the labelled positions and their targets (-100 where a static buffer is padded).
+
+        The static buffer holds ``batch x max_predictions_per_seq + extra`` rows: token-budget rows pass
+        their NSP slots as ``extra`` (each example may mask one token more than its share rounds to)."""
         labelled = flat_labels != -100
         if self.max_predictions_per_seq:
-            size = min(flat_labels.numel(), batch * self.max_predictions_per_seq)
+            size = min(flat_labels.numel(), batch * self.max_predictions_per_seq + extra)
             try:
                 rows = torch.nonzero_static(labelled, size=size, fill_value=-1).squeeze(1)
             except (NotImplementedError, RuntimeError):  # a backend without nonzero_static
@@ -411,10 +433,23 @@ class PretrainingModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         unpad_layout: Any = None,
+        position_ids: torch.Tensor | None = None,
+        cls_index: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """``unpad_layout``: the layout a collator computed with the batch (``model/unpad.py``
-        ``host_layout``); the unpadded path then computes none itself, the padded path ignores it."""
-        if self.unpad:  # its graph break (the host-side layout) comes before its kernel context
+        ``host_layout``); the unpadded path then computes none itself, the padded path ignores it.
+        ``position_ids``, ``cls_index``, ``cu_seqlens``: a ``data.token_budget`` batch (``data/rows.py``),
+        run by ``model/rows.py``."""
+        extra = 0
+        if cls_index is not None:
+            from bert_mp.model.rows import run_rows
+
+            seq, pooled = run_rows(
+                self, input_ids, token_type_ids, segment_ids, position_ids, cls_index, cu_seqlens
+            )
+            flat_labels, n_rows, extra = labels.reshape(-1), input_ids.shape[0], cls_index.numel()
+        elif self.unpad:  # its graph break (the host-side layout) comes before its kernel context
             from bert_mp.model.unpad import run_unpadded
 
             seq, pooled, flat_labels = run_unpadded(
@@ -428,9 +463,11 @@ class PretrainingModel(nn.Module):
                 )
             seq, pooled = out.last_hidden_state, out.pooler_output
             flat_labels = labels.reshape(-1)
+        if cls_index is None:
+            n_rows = pooled.shape[0]
         heads = self.model.cls
         if self.sparse_mlm_head:
-            rows, targets = self._masked_rows(flat_labels, pooled.shape[0])
+            rows, targets = self._masked_rows(flat_labels, n_rows, extra)
             hidden = seq.reshape(-1, seq.shape[-1]).index_select(0, rows)
             # losses and the vocab softmax in fp32 whatever the autocast dtype
             logits = heads.predictions(hidden).float()
@@ -440,27 +477,32 @@ class PretrainingModel(nn.Module):
         mlm_loss_sum = F.cross_entropy(logits, targets, reduction="sum", ignore_index=-100)
         valid = targets != -100
         mlm_correct = ((logits.argmax(-1) == targets) & valid).sum()
-        nsp_logits = heads.seq_relationship(pooled).float()
-        if next_sentence_label is None:
-            zero = nsp_logits.sum() * 0.0
-            return {
-                "mlm_loss_sum": mlm_loss_sum,
-                "mlm_correct": mlm_correct.float(),
-                "mlm_count": valid.sum().float(),
-                "nsp_loss_sum": zero,
-                "nsp_correct": zero.detach(),
-                "nsp_count": zero.detach(),
-            }
-        n_labels = next_sentence_label.numel()
-        if nsp_logits.shape[0] > n_labels:  # filler sequences of a compiled unpadded batch: no label
-            next_sentence_label = F.pad(next_sentence_label, (0, nsp_logits.shape[0] - n_labels), value=-100)
-        nsp_loss_sum = F.cross_entropy(nsp_logits, next_sentence_label, reduction="sum", ignore_index=-100)
-        return {
+        mlm = {
             "mlm_loss_sum": mlm_loss_sum,
             "mlm_correct": mlm_correct.float(),
             "mlm_count": valid.sum().float(),
-            "nsp_loss_sum": nsp_loss_sum,
-            "nsp_correct": (nsp_logits.argmax(-1) == next_sentence_label).sum().float(),
-            # a fill on the device, not torch.tensor(..., device=): that is a blocking host-to-device copy
-            "nsp_count": torch.full((), float(n_labels), device=nsp_logits.device),
         }
+        return {
+            **mlm,
+            **_nsp_sums(heads.seq_relationship(pooled).float(), next_sentence_label, cls_index is not None),
+        }
+
+
+def _nsp_sums(nsp_logits: torch.Tensor, labels: torch.Tensor | None, slots: bool) -> dict[str, torch.Tensor]:
+    """NSP loss sum, correct predictions and count. Without labels (``objective=mlm``) zeros that keep the
+    pooler and the NSP head in the graph. ``slots``: token-budget rows, whose filler NSP slots carry -100."""
+    if labels is None:
+        zero = nsp_logits.sum() * 0.0
+        return {"nsp_loss_sum": zero, "nsp_correct": zero.detach(), "nsp_count": zero.detach()}
+    n_labels = labels.numel()
+    if nsp_logits.shape[0] > n_labels:  # filler sequences of a compiled unpadded batch: no label
+        labels = F.pad(labels, (0, nsp_logits.shape[0] - n_labels), value=-100)
+    if slots:
+        count = (labels != -100).sum().float()
+    else:  # a fill on the device, not torch.tensor(..., device=): a blocking host-to-device copy
+        count = torch.full((), float(n_labels), device=nsp_logits.device)
+    return {
+        "nsp_loss_sum": F.cross_entropy(nsp_logits, labels, reduction="sum", ignore_index=-100),
+        "nsp_correct": (nsp_logits.argmax(-1) == labels).sum().float(),
+        "nsp_count": count,
+    }

@@ -75,3 +75,11 @@ def allow_recompiles(data_cfg: Any, unpad: bool) -> int:
     config.recompile_limit = limit
     config.accumulated_recompile_limit = max(int(config.accumulated_recompile_limit), 8 * limit)
     return limit
+
+
+def masked_per_row(data_cfg: Any) -> int:
+    """The static masked-token gather's positions per row: ``max_predictions_per_seq``; with
+    ``data.token_budget`` at least the masking budget of a full row (several examples share a row)."""
+    if getattr(data_cfg, "token_budget", False):
+        return max(data_cfg.max_predictions(), data_cfg.masking_budget())
+    return data_cfg.max_predictions()

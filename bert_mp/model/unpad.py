@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from bert_mp.model.attention import attention_backends
-from bert_mp.model.buckets import allow_recompiles, sequence_bucket
+from bert_mp.model.buckets import allow_recompiles, masked_per_row, sequence_bucket
 
 PREFIX = "bert_mp_unpad_"
 
@@ -295,17 +295,19 @@ def _to_blocks(u: Unpadded, *xs: torch.Tensor) -> list[torch.Tensor]:
     return list(block.unbind(0))
 
 
+try:  # imported here, not where a kernel is chosen: compiled code only reads the name
+    from torch.nn.attention.varlen import varlen_attn as VARLEN_ATTN
+except ImportError:  # torch < 2.10
+    VARLEN_ATTN = None
+
+
 def flash_varlen_kernel(query: torch.Tensor, dropout: float, base: str) -> Any:
     """torch's variable-length flash kernel (``torch.nn.attention.varlen.varlen_attn``) where it applies:
     CUDA, bf16 / fp16 activations, the ``sdpa`` base and no attention dropout (the kernel has none:
     eval, or ``model.attention_probs_dropout_prob=0``); else None (the block path)."""
     if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16) or dropout or base != "sdpa":
         return None
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
+    return VARLEN_ATTN
 
 
 def _flash_attention(
@@ -427,7 +429,7 @@ def prepare_for_compile(wrapper: nn.Module, data_cfg: Any) -> None:
         wrapper.stream_bucket = token_bucket
     if not wrapper.max_predictions_per_seq:
         wrapper.max_predictions_per_seq = (
-            data_cfg.max_seq_length if data_cfg.whole_word_masking else data_cfg.max_predictions()
+            data_cfg.max_seq_length if data_cfg.whole_word_masking else masked_per_row(data_cfg)
         )
 
 

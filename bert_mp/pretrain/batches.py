@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from bert_mp.core.loop.epochs import epoch_order
+from bert_mp.core.loop.state import LoopState
+from bert_mp.data.packing import examples_per_row, fill_rows
+from bert_mp.errors import DataError
 
 
 class IndexedSplit(Dataset):
@@ -52,3 +57,92 @@ class MicroBatchSampler:
                 for i in range(0, per_rank, self.micro_bs):
                     yield [(epoch, int(j)) for j in mine[i : i + self.micro_bs]]
             epoch, first = epoch + 1, 0
+
+    def advance(self, state: LoopState) -> None:
+        """Count one consumed step in ``state``'s data position."""
+        state.advance_batch(self.batches_per_epoch)
+
+
+def example_lengths(ds: Any) -> np.ndarray:
+    """Tokens of every example of a split, read from its Arrow column (no row decoding)."""
+    import pyarrow.compute as pc
+
+    return pc.list_value_length(ds.with_format("arrow")[:]["input_ids"]).to_numpy(zero_copy_only=False)
+
+
+class TokenBudgetSampler:
+    """``data.token_budget``: micro-batches of ``rows`` rows of ``length`` tokens, for one rank.
+
+    Each micro-batch is the longest run of the epoch's order, from where the previous one stopped,
+    that :func:`bert_mp.data.packing.fill_rows` places; the example that does not fit starts the next
+    one (carried whole, never cut, never dropped inside an epoch). A step is ``accumulation x world``
+    consecutive micro-batches, rank ``r`` takes the ``accumulation`` after the first ``r x
+    accumulation``. An epoch whose rest cannot fill one more step ends there (dropped, like the
+    padded order's last partial global batch). Where the data stands after a step - the epoch, the
+    examples of its order consumed (``data_offset``, the carry's own position) and the steps of the
+    epoch - is a function of the lengths and ``(seed, epoch)`` only; the loop checkpoints it and a
+    resume starts there (:meth:`advance`), with the very same micro-batches.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        rows: int,
+        length: int,
+        accumulation: int,
+        rank: int,
+        world: int,
+        seed: int,
+        start: tuple[int, int, int],
+    ):
+        self.lengths, self.rows, self.length = np.asarray(lengths), rows, length
+        self.per_row = examples_per_row(length)
+        self.accumulation, self.rank, self.world, self.seed = accumulation, rank, world, seed
+        self.start = start
+        """``(epoch, data_offset, batch_in_epoch)`` of the first step."""
+        self.positions: deque[tuple[int, int, int]] = deque()
+        """The position after each planned step, oldest first: the loader plans ahead of the loop."""
+        longest = int(self.lengths.max()) if self.lengths.size else 0
+        if longest > length:
+            raise DataError(f"an example has {longest} tokens, more than data.max_seq_length={length}")
+
+    def _micro_batch(self, order: np.ndarray, offset: int) -> int:
+        """How many examples of ``order`` from ``offset`` on fill one micro-batch."""
+        ahead = self.lengths[order[offset : offset + self.rows * self.per_row]]
+        return sum(len(r) for r in fill_rows(ahead.tolist(), self.rows, self.length, self.per_row))
+
+    def _step(self, order: np.ndarray, offset: int) -> list[tuple[int, int]] | None:
+        """The ``(start, end)`` in ``order`` of a step's micro-batches, or None when the epoch's rest
+        cannot fill them all."""
+        spans = []
+        for _ in range(self.accumulation * self.world):
+            taken = self._micro_batch(order, offset)
+            if not taken:
+                return None
+            spans.append((offset, offset + taken))
+            offset += taken
+        return spans
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch, offset, done = self.start
+        while True:
+            order = epoch_order(len(self.lengths), self.seed, epoch)
+            spans = self._step(order, offset)
+            if spans is None:
+                if offset == 0:
+                    raise DataError(
+                        f"the train split ({len(self.lengths)} examples) cannot fill one step of "
+                        f"{self.accumulation * self.world} token-budget micro-batches; prepare more data "
+                        "or lower train.global_batch_size"
+                    )
+                epoch, offset, done = epoch + 1, 0, 0
+                continue
+            offset, done = spans[-1][1], done + 1
+            self.positions.append((epoch, offset, done))
+            first = self.rank * self.accumulation
+            for a, b in spans[first : first + self.accumulation]:
+                yield [(epoch, int(j)) for j in order[a:b]]
+
+    def advance(self, state: LoopState) -> None:
+        """Set ``state``'s data position to the one after the step the loop has just consumed."""
+        state.epoch, state.data_offset, state.batch_in_epoch = self.positions.popleft()

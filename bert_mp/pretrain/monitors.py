@@ -153,7 +153,8 @@ def step_flops(facts: StepFacts, ctx: PretrainContext) -> float:
 # monitors
 # --------------------------------------------------------------------------------------------------
 class ThroughputMonitor(BaseCallback):
-    """Tokens/s (non-padding), sequences/s, step ms, MFU, data-wait fraction.
+    """Tokens/s (non-padding), positions/s (padding included: what the matmuls ran on), sequences/s, step
+    ms, the model's FLOP/s and MFU (that over the device's datasheet peak), data-wait fraction.
 
     Step times are wall-clock between reads of the step metrics, shared evenly by the steps read
     (every step, or every ``log_every`` steps with ``train.metrics_sync=log``); a read waits for the
@@ -167,6 +168,7 @@ class ThroughputMonitor(BaseCallback):
         self.warmup_steps = max(2, cfg.train.max_steps // 10)
         self.times: list[float] = []
         self.tokens: list[int] = []
+        self.positions: list[int] = []
         self.seqs: list[int] = []
         self.flops: list[float] = []
         self.peak: float | None = None
@@ -183,20 +185,31 @@ class ThroughputMonitor(BaseCallback):
         flops = step_flops(f, ctx)
         logs["time/step_ms"] = 1000.0 * dt
         logs["throughput/tokens_per_sec"] = f.tokens / dt
+        logs["throughput/positions_per_sec"] = f.padded_tokens / dt
         logs["throughput/seqs_per_sec"] = f.sequences / dt
+        logs["throughput/flops_per_sec"] = flops / dt  # the model's FLOPs (step_flops), any device
         logs["throughput/mfu"] = flops / dt / self.peak if self.peak else None
         logs["data/wait_fraction"] = min(1.0, f.data_wait_s / dt)
         self.times.append(dt)
         self.tokens.append(f.tokens)
+        self.positions.append(f.padded_tokens)
         self.seqs.append(f.sequences)
         self.flops.append(flops)
 
     def state_dict(self) -> dict:
-        return {"times": self.times, "tokens": self.tokens, "seqs": self.seqs, "flops": self.flops}
+        return {
+            "times": self.times,
+            "tokens": self.tokens,
+            "positions": self.positions,
+            "seqs": self.seqs,
+            "flops": self.flops,
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.times, self.tokens = list(d["times"]), list(d["tokens"])
         self.seqs, self.flops = list(d["seqs"]), list(d["flops"])
+        # a checkpoint from before positions were kept: its steps count as unknown (0)
+        self.positions = list(d.get("positions", [0] * len(self.times)))
 
     def on_train_end(self, state: LoopState, summary: dict) -> None:
         skip = self.warmup_steps if len(self.times) > self.warmup_steps else 0
@@ -208,8 +221,10 @@ class ThroughputMonitor(BaseCallback):
             "steps_measured": len(self.times) - skip,
             "warmup_steps_excluded": skip,
             "tokens_per_sec": sum(self.tokens[skip:]) / t,
+            "positions_per_sec": sum(self.positions[skip:]) / t,
             "seqs_per_sec": sum(self.seqs[skip:]) / t,
             "step_ms": 1000.0 * t / (len(self.times) - skip),
+            "flops_per_sec": sum(self.flops[skip:]) / t,
             "mfu": sum(self.flops[skip:]) / t / self.peak if self.peak else None,
             "peak_flops": self.peak,
         }

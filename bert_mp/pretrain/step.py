@@ -32,6 +32,8 @@ class StepTotals(LossSums):
     """Positions computed, padding included."""
     attention_flops_tokens: float
     """Sum over sequences of real_length^2 (the attention term of the FLOP count)."""
+    sequences: float
+    """Examples trained (``global_batch_size``, or with ``data.token_budget`` those its rows hold)."""
     stop_flag: float
     """Ranks that received a stop signal: above 0 means every rank stops after this step."""
 
@@ -78,17 +80,20 @@ def forward_backward(
     Gradients are synchronised across ranks on the last micro-batch only.
     """
     device, world = accelerator.device, accelerator.num_processes
-    # Normalisers of the whole step: masked tokens and sequences over all micro-batches and ranks. The
-    # labels are still on the host; with several ranks the masked count is all-reduced and used as a
-    # device tensor, so nothing is read back before the forward passes.
-    n_seqs = float(per_rank * world)
+    # Normalisers of the whole step: masked tokens and NSP examples over all micro-batches and ranks.
+    # The labels are still on the host; with several ranks both are all-reduced (one call) and used as
+    # device tensors, so nothing is read back before the forward passes.
+    examples = sum(batch_examples(b, per_rank // len(micro)) for b in micro)
     n_masked: Any = float(sum(int((b["labels"] != -100).sum()) for b in micro))
+    n_seqs: Any = (
+        float(sum(nsp_examples(b) for b in micro)) if "next_sentence_label" in micro[0] else examples
+    )
     if world > 1:
         # torch.full fills on the device from a host scalar: no blocking host-to-device copy
-        n_masked = accelerator.reduce(torch.full((), n_masked, device=device), reduction="sum")
-        n_masked = n_masked.clamp(min=1.0)
+        norms = torch.stack([torch.full((), float(v), device=device) for v in (n_masked, n_seqs)])
+        n_masked, n_seqs = accelerator.reduce(norms, reduction="sum").clamp(min=1.0).unbind()
     else:
-        n_masked = max(n_masked, 1.0)
+        n_masked, n_seqs = max(n_masked, 1.0), max(float(n_seqs), 1.0)
     sums = torch.zeros(len(SUM_KEYS), device=device)
     for i, batch in enumerate(micro):
         batch = drop_full_attention_mask(batch)  # no mask at all lets SDPA pick its flash kernel
@@ -110,7 +115,21 @@ def forward_backward(
     figures["attention_flops_tokens"] = sum(
         attention_flops_tokens(b["attention_mask"], b.get("segment_ids")) for b in micro
     )
+    figures["sequences"] = examples
     return {k: device_scalar(v, device) for k, v in figures.items()}
+
+
+def batch_examples(batch: dict, default: int) -> int:
+    """Examples in a host batch: a token-budget batch's (each starts at position 0), else ``default``
+    (one a row; packed pairs hold ``train.micro_batch_size`` too)."""
+    if "cls_index" not in batch:
+        return default
+    return int(((batch["position_ids"] == 0) & (batch["attention_mask"] != 0)).sum())
+
+
+def nsp_examples(batch: dict) -> int:
+    """NSP examples in a host batch (token-budget batches label their filler slots -100)."""
+    return int((batch["next_sentence_label"] != -100).sum())
 
 
 def device_scalar(value: Any, device: torch.device) -> torch.Tensor:

@@ -70,7 +70,7 @@ from bert_mp.model.bert import (
     static_mask_cap,
 )
 from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
-from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler
+from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler, TokenBudgetSampler, example_lengths
 from bert_mp.pretrain.evaluate import evaluate
 from bert_mp.pretrain.export import pretraining_facts
 from bert_mp.pretrain.monitors import PretrainContext, StepFacts, build_callbacks
@@ -125,7 +125,7 @@ class Trainer(TrainingLoop):
     """Read the step's totals every step (``train.metrics_sync``) rather than at log points."""
     pending: DeviceStepMetrics
     collator: PretrainingCollator
-    sampler: MicroBatchSampler
+    sampler: MicroBatchSampler | TokenBudgetSampler
     batches: Iterator[dict]
     ctx: PretrainContext
     summary_start: dict[str, Any]
@@ -207,6 +207,7 @@ class Trainer(TrainingLoop):
             max_predictions_per_seq=static_mask_cap(cfg.data, acc.device),
             unpad=cfg.model.unpad,
             attention_kernel=resolve_attention_kernel(cfg.model.attention_kernel, acc.device),
+            token_budget=cfg.data.token_budget,
         )
         if tc.compile != "none":
             from bert_mp.model.unpad import prepare_for_compile
@@ -250,30 +251,26 @@ class Trainer(TrainingLoop):
         """Micro-batches from the checkpointed data position on, collated (and masked) by key."""
         from bert_mp.data.masking import PretrainingCollator
 
-        tc, acc, s = self.tc, self.accelerator, self.state
+        tc, acc = self.tc, self.accelerator
         layout = None
         if self.cfg.model.unpad:  # the unpadded layout computed with the batch, not on the device
             from bert_mp.model.unpad import collate_layout
 
             layout = collate_layout(acc.unwrap_model(self.model))
+        g = self.geometry
         self.collator = PretrainingCollator(
-            self.data.tokenizer, self.cfg.data, seed=tc.seed, pad_to_multiple_of=8, layout=layout
+            self.data.tokenizer,
+            self.cfg.data,
+            seed=tc.seed,
+            pad_to_multiple_of=8,
+            layout=layout,
+            budget_rows=g.micro_batch,
         )
         if tc.compile != "none":  # a few padded lengths only: a bounded number of compiled graphs
             from bert_mp.model.buckets import collate_length
 
             self.collator.static_length = collate_length(self.cfg.data.max_seq_length, self.cfg.model.unpad)
-        g = self.geometry
-        self.sampler = MicroBatchSampler(
-            len(self.train_ds),
-            g.global_batch,
-            g.micro_batch,
-            acc.process_index,
-            g.world,
-            tc.seed,
-            s.epoch,
-            s.batch_in_epoch,
-        )
+        self.sampler = self.build_sampler()
         loader = DataLoader(
             IndexedSplit(self.train_ds),
             batch_sampler=self.sampler,
@@ -284,6 +281,26 @@ class Trainer(TrainingLoop):
             generator=torch.Generator(),
         )
         self.batches = iter(loader)
+
+    def build_sampler(self) -> MicroBatchSampler | TokenBudgetSampler:
+        """This rank's micro-batches from the checkpointed data position: ``global_batch_size`` examples a
+        step, or (``data.token_budget``) ``global_batch_size`` rows filled with whole examples."""
+        tc, s, g, rank = self.tc, self.state, self.geometry, self.accelerator.process_index
+        if self.cfg.data.token_budget:
+            return TokenBudgetSampler(
+                example_lengths(self.train_ds),
+                g.micro_batch,
+                self.cfg.data.max_seq_length,
+                g.accumulation,
+                rank,
+                g.world,
+                tc.seed,
+                (s.epoch, s.data_offset, s.batch_in_epoch),
+            )
+        n = len(self.train_ds)
+        return MicroBatchSampler(
+            n, g.global_batch, g.micro_batch, rank, g.world, tc.seed, s.epoch, s.batch_in_epoch
+        )
 
     def start(self) -> None:
         """Build the loader, then the shared start (log, callbacks, clock, progress bar)."""
@@ -328,7 +345,27 @@ class Trainer(TrainingLoop):
                 "fingerprint": self.data.stats.get("fingerprint"),
                 "train_examples": len(self.train_ds),
                 "validation_examples": len(self.val_ds),
+                "token_budget": self.token_budget_record(),
             },
+        }
+
+    def token_budget_record(self) -> dict | None:
+        """``data.token_budget``'s fixed shape and the attention route its training steps take."""
+        if not self.cfg.data.token_budget:
+            return None
+        from bert_mp.data.packing import examples_per_row
+        from bert_mp.model.rows import rows_route
+
+        plan, length = self.plan, self.cfg.data.max_seq_length
+        half = plan.autocast_dtype in (torch.bfloat16, torch.float16) or plan.param_dtype == torch.bfloat16
+        kernel = self.accelerator.unwrap_model(self.model).attention_kernel
+        return {
+            "rows": self.geometry.micro_batch,
+            "max_seq_length": length,
+            "examples_per_row": examples_per_row(length),
+            "attention": rows_route(
+                self.accelerator.device, half, self.cfg.model.attention_probs_dropout_prob, kernel
+            ),
         }
 
     # ---- one step ----------------------------------------------------------------------------------
@@ -350,7 +387,7 @@ class Trainer(TrainingLoop):
             stop = s.pending_signal is not None
         # consumed after the loss check: a save for a non-finite loss resumes at this batch, one at the
         # skip limit (in the update) after it
-        s.advance_batch(self.sampler.batches_per_epoch)
+        self.sampler.advance(s)
         lr, grad_norm, skipped = self.update(stop, micro[0])
         if skipped:
             return
@@ -416,7 +453,7 @@ class Trainer(TrainingLoop):
             tokens=int(totals.tokens),
             padded_tokens=int(totals.padded_tokens),
             attention_flops_tokens=totals.attention_flops_tokens,
-            sequences=self.geometry.global_batch,  # also without NSP labels (objective=mlm)
+            sequences=int(totals.sequences),  # also without NSP labels (objective=mlm)
             lr=row["lr"],
             grad_norm=grad_norm,
             step_time_s=step_time,

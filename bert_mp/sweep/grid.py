@@ -38,7 +38,7 @@ def grid_summary(analyses: list[Any]) -> dict[str, dict[str, dict[str, Any]]]:
             continue
         cells = grid.setdefault(str(opt), {})
         for run in ga.group.runs:
-            if run.role != "seed_spread":
+            if run.role not in ("seed_spread", "recipe"):  # a recipe run is not the precision's cell
                 cells[run.precision] = _cell(ga, run)
     return grid
 

@@ -55,7 +55,8 @@ class RunEntry:
     group: str
     precision: str
     role: str
-    """reference (fp32, the group's seed) | seed_spread (fp32, another seed) | candidate."""
+    """reference (fp32, the group's seed) | seed_spread (fp32, another seed) | candidate | recipe (a
+    candidate that also changes the recipe, ``sweep.recipes``)."""
     seed: int
     overrides: list[str]
     dir: str

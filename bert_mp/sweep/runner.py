@@ -28,6 +28,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from bert_mp.core.config import (
+    RECIPES,
     Config,
     config_from_layers,
     config_to_dict,
@@ -143,6 +144,10 @@ def plan_sweep(cfg: Config) -> list[GroupPlan]:
                         f"runs/{prefix}{name}",
                     )
                 )
+        for recipe in sc.recipes:  # judged against the fp32 reference of the base recipe
+            p, name = sc.recipe_precision, f"{sc.recipe_precision}+{recipe}"
+            overrides = [f"train.precision={p}", *RECIPES[recipe]]
+            g.runs.append(RunEntry(name, gname, p, "recipe", seed, overrides, f"runs/{prefix}{name}"))
         groups.append(g)
     return groups
 

@@ -202,10 +202,19 @@ def bench_bert_mp(
     summary = train(cfg, data)
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"][args.warmup :]
     secs = sum(r["time/step_ms"] for r in rows) / 1000
-    toks = sum(r["throughput/tokens_per_sec"] * r["time/step_ms"] / 1000 for r in rows)
+
+    def total(key: str) -> float:  # a per-second figure of every timed step, summed over the window
+        return sum(r[key] * r["time/step_ms"] / 1000 for r in rows)
+
     mfus = [r.get("throughput/mfu") for r in rows]
+    flops = total("throughput/flops_per_sec") / secs
+    gemm = getattr(args, "gemm_flops", None)
     return {
-        "tokens_per_sec": toks / secs,
+        "tokens_per_sec": total("throughput/tokens_per_sec") / secs,
+        "positions_per_sec": total("throughput/positions_per_sec") / secs,
+        "flops_per_sec": flops,
+        # the second ceiling: this machine's own bf16 GEMM rate, measured in the same process
+        "gemm_share": flops / gemm if gemm else None,
         "step_ms": 1000 * secs / len(rows),
         # per logged row (one step on a CPU, a window's mean on CUDA): a late recompile shows here
         "step_ms_each": [round(r["time/step_ms"], 2) for r in rows],
@@ -215,11 +224,71 @@ def bench_bert_mp(
         "peak_memory_bytes": summary.get("memory", {}).get("peak_bytes"),
         "peak_reserved_bytes": summary.get("memory", {}).get("peak_reserved_bytes"),
         "compile": compile_mode or args.compile,
+        # data.token_budget: the fixed shape and the attention route its steps took (varlen or the mask)
+        "token_budget": (summary.get("data") or {}).get("token_budget"),
         "compiled_graphs": (summary.get("compile") or {}).get("graphs"),
         "graph_breaks": (summary.get("compile") or {}).get("graph_breaks"),
         "cudagraph_skips": (summary.get("compile") or {}).get("cudagraph_skips"),
         "precision_in_effect": summary["precision"],
     }
+
+
+def time_ms(fn: Any, reps: int) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events around each call on a GPU, synchronised only at each
+    call's end event; the host clock around a CPU call)."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()  # measurement point
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def gemm_rate(device: Any = None, n: int | None = None, reps: int = 10) -> dict[str, Any]:
+    """This machine's own dense bf16 matmul rate: an ``n x n`` by ``n x n`` product of random data (8192 on
+    a GPU, 512 on a CPU), the median of ``reps`` after three warm-up products. The ceiling beside the
+    datasheet peak: a row's FLOP/s over it is the share of what this machine's GEMMs reach at all."""
+    import torch
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    n = n or (8192 if device.type == "cuda" else 512)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(device, torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    ms = time_ms(lambda: a @ b, reps)
+    return {"dtype": "bf16", "n": n, "reps": reps, "ms": ms, "flops_per_sec": 2 * n**3 / (ms / 1000)}
+
+
+def inductor_probe() -> dict[str, Any]:
+    """A tiny function compiled by inductor (compile left on even under ``TORCH_COMPILE_DISABLE``): whether
+    its compiled graph came from inductor's FX-graph cache, where that cache is, and the compile's
+    seconds. The GPU check's CPU rehearsal uses it to see a carried cache reach the next command."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    before = dict(counters["inductor"])
+    with torch._dynamo.config.patch(disable=False):
+        # a matmul only: inductor calls ATen for it, so the entry needs no C++ or Triton build (seconds)
+        fn = torch.compile(lambda x, w: x @ w, dynamic=False)
+        t = time.perf_counter()
+        fn(torch.ones(8, 16), torch.ones(16, 16))
+        seconds = time.perf_counter() - t
+    got = {k: counters["inductor"][k] - before.get(k, 0) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+    return {**got, "cache_dir": cache_dir(), "seconds": round(seconds, 2)}
 
 
 def machine_record(device: Any = None) -> dict[str, Any]:
@@ -266,20 +335,24 @@ def write_progress(out: str, device: torch.device, rounds: list[dict], res: dict
 
 def corpus_data(corpus: str, args, work: Path):
     """``bert-mp prepare`` of a corpus shape (built-in documents, or many ~50-token documents as in
-    scripts/bench/prepare.py): the prepared data and its data section."""
+    scripts/bench/prepare.py), or synthetic rows: the prepared data and its data section."""
     from dataclasses import replace
 
     from bert_mp.core.config import Config, DataConfig
     from bert_mp.data.prepare import load_prepared, prepare
 
     data_cfg = DataConfig(source="builtin", max_seq_length=args.seq, cache_dir=str(work / "data"))
+    if corpus == "synthetic":  # random pairs, nothing prepared: a rehearsal of the sequence, not the data
+        vocab = getattr(args, "vocab", 30522)
+        n = getattr(args, "synthetic_examples", 512)
+        return synthetic_prepared(n, args.seq, vocab, -(-vocab // 64) * 64), data_cfg
     if corpus == "short":
         from bench.prepare import write_corpus
 
         files = write_corpus(work / "short", args.corpus_bytes, "short")
         data_cfg = replace(data_cfg, source="text", paths=[str(f) for f in files])
     elif corpus != "builtin":
-        raise SystemExit(f"--corpus {corpus}: choose builtin or short")
+        raise SystemExit(f"--corpus {corpus}: choose builtin, short or synthetic")
     return load_prepared(prepare(Config(data=data_cfg))), data_cfg
 
 

@@ -6,15 +6,23 @@
 
 Ladder: ``bert_mp.pretrain.trainer.train`` (the real loop: data, masking, logging) on the same prepared
 examples, padded eager bf16 first, then each lever added on top of the previous row's config
-(cumulative), each row written to the JSON the moment it is measured: tokens/s (real tokens), MFU and
-step time as ``bert-mp train`` itself logs them, peak memory, compiled graphs and graph breaks, and
-x previous row. A lever whose row fails is recorded with its error and left out of the rows after it.
+(cumulative), each row written to the JSON the moment it is measured: tokens/s (real tokens),
+positions/s (padding included), MFU and step time as ``bert-mp train`` itself logs them, the share of
+this machine's own bf16 GEMM rate (``gemm_rate``, measured first, in the same process), peak memory,
+compiled graphs and graph breaks, and x previous row. A lever whose row fails is recorded with its
+error and left out of the rows after it.
+
+``--extra-levers``: each on top of the ladder's best row alone (``x_best``), e.g. ``token_budget`` (one
+static shape), ``varlen`` (its rows with torch's varlen kernel: no attention dropout, a recipe row),
+``no_attention_dropout`` (a recipe row), ``coordinate_descent`` and ``max_autotune`` (inductor's
+tuning, kept in its cache: TORCHINDUCTOR_CACHE_DIR); ``--late-levers`` the same after the profile and
+the attention timings (the longest compiles, which a short budget loses first).
 
 ``--attention``: SDPA's kernels (cuDNN, flash, memory-efficient, math, torch's own choice) and
 torch's varlen flash kernel timed on the ladder's attention shape, forward + backward, with the padding
 mask of real batches: what ``model.attention_kernel=auto`` should pick on this device.
 
-``--profile``: the fastest row again under ``torch.profiler`` (scripts/bench/profile_step.py's grouping),
+``--profile``: the fastest row that changes no recipe (ladder and extra rows) again under ``torch.profiler`` (scripts/bench/profile_step.py's grouping),
 each kernel class's device time per step, plus the idle time: the unprofiled step time minus the
 kernels' time (launch gaps, host work the device waits for).
 
@@ -49,10 +57,19 @@ LEVERS: dict[str, dict[str, Any]] = {
     # NSP pairs packed into full rows at collate time, on the unpadded stream: no padding in the
     # GEMMs, and a stream length that barely moves (one compiled bucket, one CUDA graph)
     "packed": {"data.pack_pairs": True, "model.unpad": True},
+    # micro-batches of a fixed token budget: full rows, one shape (one compile, one CUDA graph), each
+    # example kept apart by a block-diagonal mask (BERT's attention dropout stays)
+    "token_budget": {"data.token_budget": True},
+    # those rows with torch's varlen flash kernel, which has no dropout: attention dropout 0
+    "varlen": {"data.token_budget": True, "model.attention_probs_dropout_prob": 0.0},
+    # MosaicBERT's choice on the padded best row: what attention dropout alone costs
+    "no_attention_dropout": {"model.attention_probs_dropout_prob": 0.0},
+    "coordinate_descent": {"train.compile": "model", "train.compile_mode": "coordinate-descent"},
 }
-"""Each lever as config keys. ``no_dropout`` changes the recipe (the model trained), not the numerics of
-the same model: its row says so and it is never a default."""
-RECIPE_LEVERS = ("no_dropout",)
+"""Each lever as config keys. ``no_dropout``, ``no_attention_dropout`` and ``varlen`` change the recipe
+(the model trained), not the numerics of the same model: their rows say so, the sweep's verdict
+judges the change (``sweep.recipes``), and none is a default."""
+RECIPE_LEVERS = ("no_dropout", "no_attention_dropout", "varlen")
 DEFAULT_LEVERS = "compile,bf16_norms,cuda_graphs,unpad"
 
 
@@ -62,14 +79,13 @@ def _write(report: dict, out: Path) -> None:
     write_report(report, out)
 
 
-def _data(args: argparse.Namespace, work: Path) -> tuple[Any, Any]:
+def _data(args: argparse.Namespace, work: Path, seq: int = 0, examples: int = 0) -> tuple[Any, Any]:
     """The prepared examples every row trains on: the built-in corpus, or synthetic rows."""
-    from bench.harness import corpus_data, synthetic_prepared
+    from bench.harness import corpus_data
 
-    if args.corpus == "synthetic":
-        n = args.micro_batch * (args.steps + args.warmup + 2)
-        return synthetic_prepared(n, args.seq, 30522, 30528), None
-    return corpus_data(args.corpus, SimpleNamespace(seq=args.seq, corpus_bytes=0), work)
+    n = examples or args.micro_batch * (args.steps + args.warmup + 2)
+    shape = SimpleNamespace(seq=seq or args.seq, corpus_bytes=0, synthetic_examples=n, vocab=args.vocab)
+    return corpus_data(args.corpus, shape, work)
 
 
 def _bench_args(
@@ -81,6 +97,7 @@ def _bench_args(
         micro_batch=micro_batch or args.micro_batch,
         steps=steps,
         warmup=warmup,
+        gemm_flops=args.gemm_flops,  # this process's measured bf16 GEMM rate: each row's second ceiling
         dropout_impl="torch",  # the GPU's own; on a CPU rehearsal too, so the graphs are the GPU's
         attn_implementation="sdpa",
         compile="none",
@@ -128,15 +145,22 @@ def ladder(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, repor
 
 
 def extra_rows(
-    args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, report: dict, out: Path, best: dict
+    args: argparse.Namespace,
+    data: Any,
+    data_cfg: Any,
+    work: Path,
+    report: dict,
+    out: Path,
+    best: dict,
+    names: list[str],
 ) -> None:
-    """``--extra-levers``: each on top of the best row alone (after the profile: the rows a short
-    budget may lose), in ``report["extra"]``."""
+    """``--extra-levers`` / ``--late-levers``: each on top of the ladder's best row alone, in
+    ``report["extra"]``."""
     from bench.harness import bench_bert_mp
 
     bargs = _bench_args(args, args.preset, args.steps, args.warmup)
     rows = report.setdefault("extra", [])
-    for name in args.extra_levers.split(","):
+    for name in names:
         keys = {**best["config"], **LEVERS[name]}
         row: dict[str, Any] = {
             "lever": f"{best['lever']}+{name}",
@@ -150,6 +174,7 @@ def extra_rows(
             )
             row.update({k: v for k, v in res.items() if k != "precision_in_effect"})
             row["x_best"] = row["tokens_per_sec"] / best["tokens_per_sec"]
+            row["layernorm"] = res["precision_in_effect"].get("layernorm")
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {str(e)[:1500]}"
         row["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -162,15 +187,17 @@ def _row_line(r: dict) -> str:
     if r.get("error"):
         return f"{r['lever']:<14} FAILED {r['error'][:200]}"
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
+    gemm = f"{100 * r['gemm_share']:.1f}%" if r.get("gemm_share") is not None else "n/a"
     return (
-        f"{r['lever']:<14} {r['tokens_per_sec']:>12,.0f} tok/s  {r['step_ms']:>8.1f} ms  MFU {mfu:>6}  "
+        f"{r['lever']:<14} {r['tokens_per_sec']:>12,.0f} tok/s  {r['positions_per_sec']:>12,.0f} positions/s  "
+        f"{r['step_ms']:>8.1f} ms  MFU {mfu:>6}  GEMM rate {gemm:>6}  "
         f"x prev {r.get('x_previous') or r.get('x_best') or 1:.2f}  graphs {r.get('compiled_graphs')}  "
         f"breaks {r.get('graph_breaks')}  cudagraph skips {r.get('cudagraph_skips')}"
     )
 
 
 def best_row(rows: list[dict]) -> dict | None:
-    """The fastest row that changed no recipe (what the profile looks at)."""
+    """The fastest row that changed no recipe (what the extra rows build on, and the profile looks at)."""
     ok = [r for r in rows if r.get("tokens_per_sec") and not r.get("recipe_change")]
     return max(ok, key=lambda r: r["tokens_per_sec"]) if ok else None
 
@@ -178,29 +205,11 @@ def best_row(rows: list[dict]) -> dict | None:
 # --------------------------------------------------------------------------------------------------
 # attention kernels
 # --------------------------------------------------------------------------------------------------
-def _time_ms(fn: Any, reps: int) -> float:
-    """Median milliseconds of ``fn()`` (device events on CUDA; the host clock around a CPU call)."""
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()  # measurement point
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(1000 * (time.perf_counter() - t))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def attention_kernels(args: argparse.Namespace, lengths: list[int], dropouts: tuple[float, ...]) -> dict:
     """Forward + backward of SDPA per kernel (and the varlen flash kernel) on the ladder's shape."""
     import torch.nn.functional as F
 
+    from bench.harness import time_ms
     from bert_mp.model.attention import attention_backends
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -231,7 +240,7 @@ def attention_kernels(args: argparse.Namespace, lengths: list[int], dropouts: tu
 
             try:
                 step()  # warm-up (and: does this kernel take a mask and this dropout here?)
-                res[kernel] = {"fwd_bwd_ms": _time_ms(step, args.attention_reps)}
+                res[kernel] = {"fwd_bwd_ms": time_ms(step, args.attention_reps)}
             except RuntimeError as e:
                 res[kernel] = {"unsupported": str(e).splitlines()[0][:300]}
             q.grad = k.grad = v.grad = None
@@ -247,6 +256,8 @@ def _varlen_flash(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: torch.Tensor, grad, reps: int
 ) -> dict:
     """torch's varlen flash kernel on the same tokens, unpadded (CUDA, bf16)."""
+    from bench.harness import time_ms
+
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -268,7 +279,7 @@ def _varlen_flash(
 
     try:
         step()
-        return {"fwd_bwd_ms": _time_ms(step, reps)}
+        return {"fwd_bwd_ms": time_ms(step, reps)}
     except RuntimeError as e:
         return {"unsupported": str(e).splitlines()[0][:300]}
 
@@ -314,10 +325,11 @@ def large(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None
     """Speed rows for bf16 and fp8, then the parity runs and fp8's verdict against bf16."""
     from dataclasses import replace
 
-    from bench.harness import bench_bert_mp, corpus_data
+    from bench.harness import bench_bert_mp
 
-    corpus = args.corpus if args.corpus != "synthetic" else "builtin"
-    data, data_cfg = corpus_data(corpus, SimpleNamespace(seq=args.large_seq, corpus_bytes=0), work / "large")
+    corpus = args.corpus
+    n = args.large_micro_batch * (args.steps + args.warmup + args.large_steps + 2)
+    data, data_cfg = _data(args, work / "large", seq=args.large_seq, examples=n)
     data_cfg = replace(data_cfg, pack_pairs=True)
     setup = {"preset": args.large_preset, "seq": args.large_seq, "micro_batch": args.large_micro_batch}
     sec = report.setdefault("large", {"setup": {**setup, "corpus": corpus, **LARGE_KEYS}})
@@ -391,14 +403,14 @@ def main() -> None:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--levers", default=DEFAULT_LEVERS, help=f"in order, cumulative; from {', '.join(LEVERS)}")
     p.add_argument("--corpus", default="builtin", help="builtin (the prepared built-in corpus) or synthetic")
+    p.add_argument("--vocab", type=int, default=30522, help="synthetic rows' vocabulary")
     p.add_argument("--no-ladder", action="store_true")
     p.add_argument("--attention", action="store_true", help="time SDPA's kernels on the ladder's shape")
     p.add_argument("--attention-reps", type=int, default=10)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument(
-        "--extra-levers", default="", help="after the profile: each of these on top of the best row alone"
-    )
+    p.add_argument("--extra-levers", default="", help="each of these on top of the ladder's best row alone")
+    p.add_argument("--late-levers", default="", help="as --extra-levers, after the profile and --attention")
     p.add_argument("--profile", action="store_true", help="profile the fastest row")
     p.add_argument("--profile-steps", type=int, default=5)
     p.add_argument("--profile-warmup", type=int, default=3)
@@ -408,8 +420,13 @@ def main() -> None:
     p.add_argument("--large-micro-batch", type=int, default=32)
     p.add_argument("--large-steps", type=int, default=200, help="steps of each parity run")
     p.add_argument("--allow-emulated", action="store_true", help="CPU rehearsal: bf16 / fp8 emulated")
+    p.add_argument(
+        "--cache-probe",
+        action="store_true",
+        help="compile a tiny function with inductor: its cache hit or miss",
+    )
     args = p.parse_args()
-    from bench.harness import machine_record
+    from bench.harness import gemm_rate, inductor_probe, machine_record
 
     out = Path(args.out)
     report: dict[str, Any] = {
@@ -418,32 +435,45 @@ def main() -> None:
             k: getattr(args, k)
             for k in ("preset", "seq", "micro_batch", "steps", "warmup", "precision", "corpus")
         },
-        "note": "tokens/s and MFU as bert-mp train logs them (real tokens); cumulative levers; "
+        "note": "tokens/s and MFU as bert-mp train logs them (real tokens); positions/s count padding too; "
+        "MFU against the datasheet peak, gemm_share against gemm_rate (measured here); cumulative levers; "
         "x_previous against the last row that ran",
     }
+    if args.cache_probe:
+        report["cache_probe"] = inductor_probe()
+    report["gemm_rate"] = gemm_rate()
+    args.gemm_flops = report["gemm_rate"]["flops_per_sec"]
     _write(report, out)
     with tempfile.TemporaryDirectory(prefix="bench_levers_") as tmp:
-        work = Path(tmp)
-        if not args.no_ladder or args.attention or args.profile:
-            data, data_cfg = _data(args, work)
-        if not args.no_ladder:
-            ladder(args, data, data_cfg, work, report, out)
-        if args.attention:
-            lengths = batch_lengths(data, args.micro_batch)
-            report["attention"] = attention_kernels(args, lengths, (0.1, 0.0))
-            _write(report, out)
-            for key in ("dropout_0.1", "dropout_0"):
-                print(f"attention {key}: fastest {report['attention'][key]['fastest']}", flush=True)
-        best = best_row(report.get("ladder") or [])
-        if args.profile and best:
-            report["profile"] = profile_best(args, data, data_cfg, work, best)
-            _write(report, out)
-            print(f"profile of {best['lever']}: {report['profile'].get('share_of_step')}", flush=True)
-        if args.extra_levers and best:
-            extra_rows(args, data, data_cfg, work, report, out, best)
-        if args.large:
-            large(args, work, report, out)
+        run(args, Path(tmp), report, out)
     print(f"wrote {out}")
+
+
+def run(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None:
+    """Ladder, the extra rows on its best row, the profile of the best row of all, the attention kernels,
+    the late rows (in this order: a cut loses the last first), then BERT-large."""
+    if not args.no_ladder or args.attention or args.profile:
+        data, data_cfg = _data(args, work)
+    if not args.no_ladder:
+        ladder(args, data, data_cfg, work, report, out)
+    best = best_row(report.get("ladder") or [])
+    if args.extra_levers and best:
+        extra_rows(args, data, data_cfg, work, report, out, best, args.extra_levers.split(","))
+    top = best_row([*(report.get("ladder") or []), *(report.get("extra") or [])])
+    if args.profile and top:
+        report["profile"] = profile_best(args, data, data_cfg, work, top)
+        _write(report, out)
+        print(f"profile of {top['lever']}: {report['profile'].get('share_of_step')}", flush=True)
+    if args.attention:
+        lengths = batch_lengths(data, args.micro_batch)
+        report["attention"] = attention_kernels(args, lengths, (0.1, 0.0))
+        _write(report, out)
+        for key in ("dropout_0.1", "dropout_0"):
+            print(f"attention {key}: fastest {report['attention'][key]['fastest']}", flush=True)
+    if args.late_levers and best:
+        extra_rows(args, data, data_cfg, work, report, out, best, args.late_levers.split(","))
+    if args.large:
+        large(args, work, report, out)
 
 
 if __name__ == "__main__":

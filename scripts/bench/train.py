@@ -45,6 +45,7 @@ from bench.harness import (  # noqa: E402
     bench_bert_mp,
     corpus_data,
     dropout_kw,
+    gemm_rate,
     machine_record,
     synthetic_prepared,
     write_progress,
@@ -67,6 +68,7 @@ def bench_paths(args) -> None:
     names = args.paths.split(",")
     report: dict = {
         **machine_record(device),
+        "gemm_rate": args.gemm_rate,
         "setup": {
             "preset": args.preset,
             "seq": args.seq,
@@ -313,7 +315,9 @@ def main() -> None:
         help=f"compare encoder paths instead of precisions (first of --precisions): any of {', '.join(PATHS)}",
     )
     p.add_argument(
-        "--corpus", default="builtin,short", help="with --paths: prepared corpora (builtin, short)"
+        "--corpus",
+        default="builtin,short",
+        help="with --paths: prepared corpora (builtin, short) or synthetic rows (a rehearsal)",
     )
     p.add_argument("--corpus-bytes", type=int, default=400_000, help="with --paths: size of the short corpus")
     p.add_argument(
@@ -334,6 +338,9 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    # the second ceiling of every bert_mp row: this machine's own bf16 GEMM rate, measured here first
+    args.gemm_rate = gemm_rate()
+    args.gemm_flops = args.gemm_rate["flops_per_sec"]
     if args.paths:
         import sys
 
@@ -422,6 +429,7 @@ def main() -> None:
 
     report = {
         **machine_record(device),
+        "gemm_rate": args.gemm_rate,
         "device_type": device.type,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu import settings
+from gpu.cache import ARCHIVE, pack, unpack_carried
 from gpu.child import read_json
 from gpu.cuda_tests import phase_tests
 from gpu.install import phase_install
@@ -76,7 +77,14 @@ class Publisher:
     def __init__(self, out: Path, phases: list[str]):
         self.out, self.phases, self.lines = out, phases, []
         self.last = 0.0
+        self.cache: dict[str, Any] = {}
+        """Inductor's cache: what was carried in, what was packed for the next command (gpu/cache.py)."""
         out.mkdir(parents=True, exist_ok=True)
+
+    def pack_cache(self) -> None:
+        """Inductor's cache into OUT as one archive for the next command (after each phase: a command
+        cut later keeps what its finished phases compiled and tuned)."""
+        self.cache["packed"] = pack(self.out)
 
     def say(self, line: str) -> None:
         line = f"[gpu_check {time.strftime('%H:%M:%S', time.gmtime())}] {line}"
@@ -96,7 +104,7 @@ class Publisher:
     def publish(self) -> None:
         self.last = time.monotonic()
         loaded = {n: read_json(settings.STATE / f"{n}.json") for n in settings.PHASES if n != "summary"}
-        summary = build_summary(loaded)
+        summary = build_summary(loaded, cache=self.cache)
         (settings.STATE / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         (settings.STATE / "summary.md").write_text(summary_markdown(summary))
         names = [n for n in settings.PHASES if n != "summary" and loaded.get(n) is not None]
@@ -105,8 +113,9 @@ class Publisher:
             settings.STATE / "summary.json",
             settings.STATE / "summary.md",
         ]
-        if len(files) + 1 > settings.MAX_OUT_FILES:  # install's facts are in summary.json too
-            files = [f for f in files if f.name != "install.json"][: settings.MAX_OUT_FILES - 1]
+        room = settings.MAX_OUT_FILES - 1 - (self.out / ARCHIVE).exists()  # the log, the cache archive
+        if len(files) > room:  # install's facts are in summary.json too
+            files = [f for f in files if f.name != "install.json"][:room]
         for f in files:
             tmp = self.out / (f.name + ".tmp")
             shutil.copy(f, tmp)
@@ -173,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         and not (settings.SITE / settings.INSTALLED).exists()
     ):
         phases.insert(0, "install")  # a fresh machine: every command installs what it needs
-    if len([x for x in phases if x != "summary"]) > settings.MAX_OUT_FILES - 3:
+    if len([x for x in phases if x != "summary"]) > settings.MAX_OUT_FILES - 4:
         p.error(
-            f"at most {settings.MAX_OUT_FILES - 3} phases per command (at most {settings.MAX_OUT_FILES} files come back)"
+            f"at most {settings.MAX_OUT_FILES - 4} phases per command (at most {settings.MAX_OUT_FILES} files "
+            "come back: the phases', the summary's two, the log and the cache archive)"
         )
     budgets = dict(settings.BUDGETS_DRY if args.dry_run else settings.BUDGETS)
     for item in args.budget:
@@ -184,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     args.test_timeout = args.test_timeout or (60.0 if args.dry_run else 120.0)
     settings.STATE.mkdir(parents=True, exist_ok=True)
     pub = Publisher(Path(args.out_dir), phases)
+    pub.cache["carried_in"] = unpack_carried()
+    if pub.cache["carried_in"]["carried"]:
+        pub.say(f"inductor cache carried in: {pub.cache['carried_in']['files']} files")
     started = time.monotonic()
     ran = []
     for name in phases:
@@ -214,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         pub.phase_file(name, res)
         ran.append(name)
         pub.say(f"{name}: {res['status']} in {res['seconds']} s")
+        pub.pack_cache()
         pub.publish()
     pub.say(f"done in {time.monotonic() - started:.0f} s; files in {args.out_dir}")
     pub.publish()

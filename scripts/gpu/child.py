@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu import settings
+from gpu.cache import cache_dir
 
 
 def clean_env() -> dict[str, str]:
@@ -24,6 +25,8 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     paths = [str(settings.SITE), str(settings.ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    # inductor's caches in the folder the command packs and the next one unpacks (gpu/cache.py)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")

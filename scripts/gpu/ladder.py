@@ -14,8 +14,8 @@ from gpu.child import child_env, read_json, run_child, status
 def _bench(args: argparse.Namespace, compile_mode: str, name: str) -> dict[str, Any]:
     """bench_train.py for one ladder; its JSON gains each row the moment the row is measured."""
     if args.dry_run:
-        size = ["--preset", "tiny", "--vocab", "300", "--seq", "32", "--micro-batch", "8"]
-        size += ["--steps", "2", "--warmup", "1"]
+        size = ["--preset", "tiny", "--vocab", "300", "--seq", "32", "--micro-batch", "4"]
+        size += ["--steps", "1", "--warmup", "1"]
     else:
         size = [
             "--preset",
@@ -76,8 +76,8 @@ PATHS_RUN = "padded,unpad,unpad+compile"
 def phase_paths(args: argparse.Namespace) -> dict[str, Any]:
     """bench_train.py --paths: the encoder paths of model.unpad side by side, each row written when measured."""
     if args.dry_run:
-        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "8", "--steps", "2", "--warmup", "1"]
-        size += ["--precisions", "fp32", "--corpus", "builtin"]
+        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "1", "--warmup", "1"]
+        size += ["--precisions", "fp32", "--corpus", "synthetic", "--vocab", "300"]
     else:
         size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
         size += ["--steps", "20", "--warmup", "5", "--precisions", "bf16", "--corpus", "builtin,short"]

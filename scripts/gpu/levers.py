@@ -10,21 +10,25 @@ from typing import Any
 from gpu import settings
 from gpu.child import child_env, read_json, run_child, status
 
-LEVERS_RUN = ["--levers", "compile,cuda_graphs,bf16_norms", "--attention", "--profile"]
-LEVERS_RUN += ["--extra-levers", "no_dropout,packed,unpad"]
-"""The lever ladder (cumulative), SDPA's kernels timed, the best row profiled, then each extra lever on
-top of the best row (after the profile: a cut loses those first). Measured on an H200 (2026-11-28):
-``compile,bf16_norms,cuda_graphs,unpad`` then ``no_dropout,max_autotune`` took more than 460 s
-(max-autotune's GEMM autotuning was cut); bf16 norms now come after CUDA graphs, so the graphs are
-compared with the plain compiled row and the norms with the graphed one."""
+LEVERS_RUN = ["--levers", "cuda_graphs", "--profile", "--attention", "--late-levers", "max_autotune"]
+LEVERS_RUN += ["--extra-levers", "token_budget,varlen,no_attention_dropout,coordinate_descent"]
+"""Eager, then today's best (whole-step compile + CUDA graphs: 30.8% MFU on an H200, docs/gpu.md), each new
+lever on top of it alone - one static shape (``data.token_budget``), its rows with torch's varlen kernel
+(no attention dropout: a recipe row), attention dropout 0 alone (a recipe row), inductor's
+coordinate-descent tuning - then the profile of the fastest row that changes no recipe, SDPA's kernels
+timed, and last max-autotune (the longest compile; with the carried cache). Each row is written when
+measured; a cut loses the last first. Measured on an H200 (2026-11-28): ``compile,bf16_norms,cuda_graphs,unpad`` then
+``no_dropout,max_autotune`` took more than 460 s; bf16 norms (0.93x there) and the bucketed unpadded rows
+are left to ``scripts/bench/levers.py`` by hand."""
 
 
 def phase_levers(args: argparse.Namespace) -> dict[str, Any]:
     """scripts/bench/levers.py: BERT-base seq 128 bf16 on the built-in corpus, eager padded then each
     lever on top; each row written when measured."""
-    if args.dry_run:
-        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "8", "--steps", "2", "--warmup", "1"]
-        size += ["--heads", "2", "--attention-reps", "2", "--profile-steps", "2", "--profile-warmup", "1"]
+    if args.dry_run:  # the sequence, not the speed: every row on any CPU, each a step or two
+        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "1", "--warmup", "1"]
+        size += ["--heads", "2", "--attention-reps", "1", "--profile-steps", "1", "--profile-warmup", "1"]
+        size += ["--corpus", "synthetic", "--vocab", "512", "--cache-probe", "--allow-emulated"]  # any CPU
     else:
         size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]
         size += ["--steps", "20", "--warmup", "5"]
@@ -37,7 +41,8 @@ def phase_large(args: argparse.Namespace) -> dict[str, Any]:
     size = ["--no-ladder", "--large", "--steps", "20", "--warmup", "5"]
     if args.dry_run:
         size = ["--no-ladder", "--large", "--steps", "1", "--warmup", "1", "--large-preset", "tiny"]
-        size += ["--large-seq", "64", "--large-micro-batch", "4", "--large-steps", "4", "--allow-emulated"]
+        size += ["--large-seq", "32", "--large-micro-batch", "2", "--large-steps", "2", "--allow-emulated"]
+        size += ["--corpus", "synthetic", "--vocab", "512", "--cache-probe"]
     return _run_levers(args, "large", size)
 
 

@@ -21,7 +21,7 @@ def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
     out = settings.STATE / "profile_step.json"
     out.unlink(missing_ok=True)
     if args.dry_run:
-        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "2", "--warmup", "1"]
+        size = ["--preset", "tiny", "--seq", "32", "--micro-batch", "4", "--steps", "1", "--warmup", "1"]
         size += ["--precision", "fp32", "--allow-emulated"]  # bf16_pure on any CPU, for the plumbing
     else:
         size = ["--preset", "base", "--seq", "128", "--micro-batch", str(args.micro_batch)]

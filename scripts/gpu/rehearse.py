@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu import settings
+from gpu.cache import ARCHIVE
 from gpu.child import clean_env, read_json
 
 
@@ -34,12 +35,23 @@ def _repository_files() -> list[str]:
         ]
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child process so far: a command's cost on any machine
+    is the difference around it (wall time also counts what else the machine runs)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def rehearse(out: Path) -> int:
     """Run settings.COMMANDS as docs/gpu.md gives them, with ``--dry-run``, each as on a fresh machine.
 
     A copy of the repository's tracked files stands in for the machine; ``.gpu_site/`` and
     ``runs/`` are deleted before each command, every command gets its own OUT folder, and each
-    must leave its phase files, the summary and the log (at most settings.MAX_OUT_FILES files).
+    must leave its phase files, the summary and the log (at most settings.MAX_OUT_FILES files). The
+    inductor-cache archive a command leaves in its OUT is carried into the next one, as ``carry``
+    would (gpu/cache.py).
     """
     import tempfile
 
@@ -53,16 +65,21 @@ def rehearse(out: Path) -> int:
             if src.is_file():
                 (machine / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, machine / f)
+        carried = None
         for i, phases in enumerate(settings.COMMANDS, 1):
             shutil.rmtree(machine / ".gpu_site", ignore_errors=True)  # a fresh machine each command
             shutil.rmtree(machine / "runs", ignore_errors=True)
+            shutil.rmtree(machine / settings.CARRIED_DIR, ignore_errors=True)
+            if carried is not None:  # what the previous command packed, carried in
+                (machine / settings.CARRIED_DIR).mkdir()
+                shutil.copy2(carried, machine / settings.CARRIED_DIR / ARCHIVE)
             cmd_out = out / f"command_{i}"
             shutil.rmtree(cmd_out, ignore_errors=True)
             argv = ["bash", "scripts/gpu_check.sh", str(cmd_out), *phases, "--dry-run"]
-            t = time.monotonic()
+            t, cpu = time.monotonic(), _children_cpu()
             env = {**clean_env(), "PYTHON": sys.executable}
             proc = subprocess.run(argv, cwd=machine, capture_output=True, text=True, env=env)
-            seconds = round(time.monotonic() - t, 1)
+            seconds, cpu_s = round(time.monotonic() - t, 1), round(_children_cpu() - cpu, 1)
             got = sorted(x.name for x in cmd_out.iterdir()) if cmd_out.exists() else []
             want = [f"{n}.json" for n in ("install", *phases)] + [
                 "summary.json",
@@ -77,13 +94,16 @@ def rehearse(out: Path) -> int:
                 n: (read_json(cmd_out / f"{n}.json") or {}).get("seconds") for n in ("install", *phases)
             }
             ok = proc.returncode == 0 and not missing and len(got) <= settings.MAX_OUT_FILES
+            carried = cmd_out / ARCHIVE if ARCHIVE in got else carried
             record["commands"].append(
                 {
                     "command": " ".join(["bash scripts/gpu_check.sh $OUT", *phases]),
                     "rc": proc.returncode,
                     "seconds": seconds,
+                    "cpu_s": cpu_s,
                     "phase_seconds": phase_s,
                     "statuses": statuses,
+                    "cache": ((read_json(cmd_out / "summary.json") or {}).get("inductor_cache")),
                     "files": got,
                     "missing": missing,
                     "ok": ok,
@@ -91,7 +111,7 @@ def rehearse(out: Path) -> int:
             )
             record["ok"] &= ok
             print(
-                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s, {statuses}"
+                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s ({cpu_s} CPU s), {statuses}"
                 + (f", MISSING {missing}" if missing else ""),
                 flush=True,
             )

@@ -11,6 +11,8 @@ SITE = ROOT / ".gpu_site"
 INSTALLED = "INSTALLED.json"
 """Written into SITE by a successful install: a command that finds it skips the install."""
 WHEELS = ROOT / ".wheels"
+CARRIED_DIR = ".gpu_cache"
+"""Where a command finds what the previous one packed for it (git-ignored, so ``carry`` can take it)."""
 PHASES = (
     "install",
     "levers",
@@ -26,17 +28,18 @@ PHASES = (
 )
 DEFAULT_PHASES = ("ladder", "tests")
 COMMANDS = (
-    ("large",),
     ("sweep",),
     ("levers",),
+    ("large",),
     ("tests", "kernels", "profile"),
     ("compile",),
     ("ladder", "paths"),
 )
-"""The sequence docs/gpu.md gives: one command each, each on a fresh machine (install is implied)."""
+"""The sequence docs/gpu.md gives: one command each, each on a fresh machine (install is implied); a
+lease of 15 minutes holds the first two, the third if time remains."""
 BUDGETS = {
     "install": 60.0,
-    "levers": 420.0,
+    "levers": 360.0,
     "large": 420.0,
     "ladder": 240.0,
     "paths": 300.0,

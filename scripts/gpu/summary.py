@@ -34,6 +34,8 @@ def ladder_rows(bench: dict[str, Any] | None, fp32_reference: float | None = Non
                 "tokens_per_sec": tps,
                 "step_ms": r.get("step_ms"),
                 "mfu": r.get("mfu"),
+                "gemm_share": r.get("gemm_share"),
+                "positions_per_sec": r.get("positions_per_sec"),
                 "speedup_vs_bert_mp_fp32": tps / fp32 if tps and fp32 else None,
                 "ratio_vs_hf_fp32": r.get("ratio_vs_baseline"),
                 "peak_memory_bytes": r.get("peak_memory_bytes"),
@@ -69,8 +71,11 @@ def check_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
-    """summary.json from the phase files (any may be missing: then it says ``not run``)."""
+def build_summary(
+    phases: dict[str, dict[str, Any] | None], cache: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """summary.json from the phase files (any may be missing: then it says ``not run``); ``cache``:
+    inductor's cache carried in and packed out (gpu/cache.py)."""
     install = phases.get("install") or {}
     ladder = phases.get("ladder") or {}
     compiled = phases.get("compile") or {}
@@ -101,7 +106,18 @@ def build_summary(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
         "large": _large_summary((phases.get("large") or {}).get("large")),
         "sweep": (phases.get("sweep") or {}).get("verdicts"),
         "sweep_runs": (phases.get("sweep") or {}).get("runs"),
+        "inductor_cache": cache or None,
+        "gemm_rate": gemm_rates(phases),
     }
+
+
+def gemm_rates(phases: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """Per phase, the bf16 GEMM rate its benchmark measured on this machine (the rows' second ceiling)."""
+    reports = {
+        name: (p or {}).get("bench") or ((p or {}).get(name) if name in ("levers", "large") else p)
+        for name, p in phases.items()
+    }
+    return {name: r["gemm_rate"] for name, r in reports.items() if isinstance(r, dict) and r.get("gemm_rate")}
 
 
 def _attention_fastest(att: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -126,7 +142,10 @@ def _large_summary(large: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     verdict = ((sec.get("parity") or {}).get("verdict") or {}).get("status")
     speed = {
-        p: {k: r.get(k) for k in ("tokens_per_sec", "mfu", "step_ms", "error")}
+        p: {
+            k: r.get(k)
+            for k in ("tokens_per_sec", "positions_per_sec", "mfu", "gemm_share", "step_ms", "error")
+        }
         for p, r in (sec.get("speed") or {}).items()
     }
     return {
@@ -147,6 +166,14 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         "Phases: " + ", ".join(f"{k}: {v}" for k, v in s["phases"].items()) + ".",
     ]
+    for name, g in (s.get("gemm_rate") or {}).items():
+        lines.append(
+            f"Measured bf16 GEMM rate ({name}; {g['n']}^3 products on random data, median of {g['reps']}): "
+            f"{g['flops_per_sec'] / 1e12:,.1f} TFLOP/s: the 'of GEMM rate' columns divide by it, MFU by the "
+            "datasheet peak."
+        )
+    if s.get("inductor_cache"):
+        lines.append(f"Inductor cache: {s['inductor_cache']}.")
     if s.get("tests"):
         c = s["tests"]
         lines += [
@@ -174,17 +201,19 @@ def summary_markdown(s: dict[str, Any]) -> str:
             "",
             f"## {title}",
             "",
-            "| run | tokens/s | step ms | MFU | x bert_mp fp32 | x HF fp32 | peak alloc GiB | peak reserved GiB |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| run | tokens/s | positions/s | step ms | MFU | of GEMM rate | x bert_mp fp32 | x HF fp32 "
+            "| peak alloc GiB | peak reserved GiB |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in rows:
             if r.get("skipped"):
-                lines.append(f"| {r['run']} | skipped: {r['skipped']} | | | | | | |")
+                lines.append(f"| {r['run']} | skipped: {r['skipped']} | | | | | | | | |")
                 continue
             gib = lambda b: fmt(b / 2**30) if b else "n/a"  # noqa: E731
             lines.append(
-                f"| {r['run']} | {fmt(r['tokens_per_sec'], digits=0)} | {fmt(r['step_ms'], digits=1)} | "
-                f"{fmt(r['mfu'], pct=True)} | {fmt(r['speedup_vs_bert_mp_fp32'])} | {fmt(r['ratio_vs_hf_fp32'])} | "
+                f"| {r['run']} | {fmt(r['tokens_per_sec'], digits=0)} | {fmt(r.get('positions_per_sec'), digits=0)} | "
+                f"{fmt(r['step_ms'], digits=1)} | {fmt(r['mfu'], pct=True)} | {fmt(r.get('gemm_share'), pct=True)} | "
+                f"{fmt(r['speedup_vs_bert_mp_fp32'])} | {fmt(r['ratio_vs_hf_fp32'])} | "
                 f"{gib(r.get('peak_memory_bytes'))} | {gib(r.get('peak_reserved_bytes'))} |"
             )
         if targets:
@@ -199,14 +228,15 @@ def summary_markdown(s: dict[str, Any]) -> str:
             "",
             f"## Encoder paths ({s['paths'][0].get('precision')}, attention dropout 0; tokens/s count real tokens)",
             "",
-            "| corpus | run | tokens/s | step ms | MFU | x padded | x HF fp32 | graphs |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| corpus | run | tokens/s | positions/s | step ms | MFU | of GEMM rate | x padded | x HF fp32 | graphs |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in s["paths"]:
             lines.append(
-                f"| {r['corpus']} | {r['run']} | {fmt(r['tokens_per_sec'], digits=0)} | {fmt(r['step_ms'], digits=1)} | "
-                f"{fmt(r['mfu'], pct=True)} | {fmt(r['ratio_vs_padded'])} | {fmt(r['ratio_vs_hf_fp32'])} | "
-                f"{fmt(r['compiled_graphs'])} |"
+                f"| {r['corpus']} | {r['run']} | {fmt(r['tokens_per_sec'], digits=0)} | "
+                f"{fmt(r.get('positions_per_sec'), digits=0)} | {fmt(r['step_ms'], digits=1)} | "
+                f"{fmt(r['mfu'], pct=True)} | {fmt(r.get('gemm_share'), pct=True)} | {fmt(r['ratio_vs_padded'])} | "
+                f"{fmt(r['ratio_vs_hf_fp32'])} | {fmt(r['compiled_graphs'])} |"
             )
     if s.get("kernel_check"):
         lines += ["", "## Kernel check (weighted by device time)", ""]
@@ -231,20 +261,22 @@ def summary_markdown(s: dict[str, Any]) -> str:
     if s.get("levers"):
         lines += [
             "",
-            "## Lever ladder (bf16; cumulative; tokens/s and MFU as bert-mp train logs them)",
+            "## Lever ladder (bf16; tokens/s and MFU as bert-mp train logs them; extra rows on the best row)",
             "",
-            "| lever | tokens/s | step ms | MFU | x previous | graphs | graph breaks | cudagraph skips |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| lever | tokens/s | positions/s | step ms | MFU | of GEMM rate | x previous / best | attention "
+            "| graphs | graph breaks | cudagraph skips |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
         ]
         for r in s["levers"]:
             if r.get("error"):
-                lines.append(f"| {r['lever']} | failed: {r['error'][:120]} | | | | | | |")
+                lines.append(f"| {r['lever']} | failed: {r['error'][:120]} | | | | | | | | | |")
                 continue
             lines.append(
                 f"| {r['lever']}{' (recipe)' if r.get('recipe_change') else ''} | {fmt(r['tokens_per_sec'], digits=0)} | "
-                f"{fmt(r['step_ms'], digits=1)} | {fmt(r['mfu'], pct=True)} | "
-                f"{fmt(r.get('x_previous') or r.get('x_best'))} | {fmt(r['compiled_graphs'])} | "
-                f"{fmt(r['graph_breaks'])} | {fmt(r['cudagraph_skips'])} |"
+                f"{fmt(r.get('positions_per_sec'), digits=0)} | {fmt(r['step_ms'], digits=1)} | "
+                f"{fmt(r['mfu'], pct=True)} | {fmt(r.get('gemm_share'), pct=True)} | "
+                f"{fmt(r.get('x_previous') or r.get('x_best'))} | {(r.get('token_budget') or {}).get('attention', '')} | "
+                f"{fmt(r['compiled_graphs'])} | {fmt(r['graph_breaks'])} | {fmt(r['cudagraph_skips'])} |"
             )
         if s.get("levers_profile"):
             shares = ", ".join(f"{k} {fmt(v, pct=True)}" for k, v in s["levers_profile"].items())
@@ -253,6 +285,20 @@ def summary_markdown(s: dict[str, Any]) -> str:
             lines.append(f"- attention {key}: fastest {res.get('fastest')}: {res}")
     if s.get("large"):
         lines += ["", f"## BERT-large packed: {s['large']}"]
+    if s.get("sweep_runs"):
+        lines += [
+            "",
+            "## Sweep runs",
+            "",
+            "| run | status | steps | tokens/s | positions/s | MFU | of GEMM rate | eval MLM loss |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, r in s["sweep_runs"].items():
+            lines.append(
+                f"| {name} | {r.get('status')} | {fmt(r.get('steps'))} | {fmt(r.get('tokens_per_sec'), digits=0)} | "
+                f"{fmt(r.get('positions_per_sec'), digits=0)} | {fmt(r.get('mfu'), pct=True)} | "
+                f"{fmt(r.get('gemm_share'), pct=True)} | {fmt(r.get('eval_mlm_loss'), digits=3)} |"
+            )
     if s.get("sweep"):
         lines += ["", "## Sweep parity verdicts", ""]
         for name, v in s["sweep"].items():
@@ -272,6 +318,9 @@ def levers_rows(report: dict[str, Any] | None) -> list[dict[str, Any]]:
                     "tokens_per_sec",
                     "step_ms",
                     "mfu",
+                    "gemm_share",
+                    "positions_per_sec",
+                    "token_budget",
                     "x_previous",
                     "x_best",
                     "peak_memory_bytes",
@@ -301,6 +350,8 @@ def paths_rows(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
                     "tokens_per_sec": r.get("tokens_per_sec"),
                     "step_ms": r.get("step_ms"),
                     "mfu": r.get("mfu"),
+                    "gemm_share": r.get("gemm_share"),
+                    "positions_per_sec": r.get("positions_per_sec"),
                     "ratio_vs_padded": r.get("ratio_vs_padded"),
                     "ratio_vs_hf_fp32": r.get("ratio_vs_baseline"),
                     "compiled_graphs": r.get("compiled_graphs"),

@@ -8,13 +8,14 @@ import ast
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from gpu import settings
-from gpu.child import read_json, run_child
+from gpu.child import child_env, read_json, run_child
 from gpu.summary import fmt
 
 
@@ -84,8 +85,9 @@ def sweep_verdicts(report: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def sweep_runs(sweep_dir: Path) -> dict[str, Any]:
-    """Each finished run's figures from its own summary.json (written when the run ends)."""
+def sweep_runs(sweep_dir: Path, gemm_flops: float | None = None) -> dict[str, Any]:
+    """Each finished run's figures from its own summary.json (written when the run ends), with the share of
+    ``gemm_flops`` (the bf16 GEMM rate measured in this command) beside MFU."""
     runs: dict[str, Any] = {}
     for path in sorted(sweep_dir.glob("**/summary.json")):
         if path.parent == sweep_dir:
@@ -100,16 +102,34 @@ def sweep_runs(sweep_dir: Path) -> dict[str, Any]:
             "steps": d.get("steps"),
             "eval_mlm_loss": ev.get("eval/loss_mlm"),
             "tokens_per_sec": tp.get("tokens_per_sec", tp.get("throughput/tokens_per_sec")),
+            "positions_per_sec": tp.get("positions_per_sec"),
             "mfu": tp.get("mfu", tp.get("throughput/mfu")),
+            "gemm_share": tp["flops_per_sec"] / gemm_flops
+            if gemm_flops and tp.get("flops_per_sec")
+            else None,
         }
     return runs
+
+
+def measure_gemm_rate() -> dict[str, Any] | None:
+    """``bench.harness.gemm_rate`` in a child (this process does not import torch), before the sweep
+    takes the device."""
+    code = "import json, sys; sys.path.insert(0, 'scripts'); from bench.harness import gemm_rate; print(json.dumps(gemm_rate()))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=settings.ROOT, env=child_env(), capture_output=True, text=True
+    )
+    return (
+        json.loads(out.stdout.strip().splitlines()[-1])
+        if out.returncode == 0 and out.stdout.strip()
+        else None
+    )
 
 
 SWEEP_SIZES = {
     # config, output folder, corpus bytes
     "short": ("configs/sweep_gpu_short.yaml", "runs/sweep_gpu_short", 12 * 2**20),
     "long": ("configs/sweep_gpu_base.yaml", "runs/sweep_gpu_base", 400 * 2**20),
-    "dry": ("configs/sweep_gpu_short.yaml", "runs/gpu_check/sweep_dry", 256 * 2**10),
+    "dry": ("configs/sweep_gpu_short.yaml", "runs/gpu_check/sweep_dry", 64 * 2**10),
 }
 DRY_SWEEP = [
     "model.preset=tiny",
@@ -122,6 +142,7 @@ DRY_SWEEP = [
     "data.vocab_size=500",
     "data.num_proc=1",
     "sweep.precisions=[fp32]",
+    "sweep.recipe_precision=fp32",  # the recipe row's plumbing, at the reference's precision
     "sweep.profile_steps=0",
     "sweep.parity_window=2",
     "data.max_seq_length=32",
@@ -142,11 +163,17 @@ def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
     corpus_info = {**json.loads(stats.read_text()), "seconds": round(time.monotonic() - t0, 1)}
     out_dir = settings.ROOT / out_rel
     cmd = [sys.executable, "-m", "bert_mp", "sweep", config, *(DRY_SWEEP if args.dry_run else [])]
+    rate = measure_gemm_rate()
+    flops = (rate or {}).get("flops_per_sec")
 
     def tick() -> None:
-        args.progress({"config": config, "corpus": corpus_info, "runs": sweep_runs(out_dir)})
+        args.progress({"config": config, "corpus": corpus_info, "runs": sweep_runs(out_dir, flops)})
 
     rc, tail = run_child(cmd, args.budget - (time.monotonic() - t0), settings.STATE / "sweep.log", tick=tick)
+    if rc == 124 and (out_dir / "sweep.json").is_file():  # cut: the verdicts of the runs that finished
+        run_child(
+            [sys.executable, "-m", "bert_mp", "report", str(out_dir)], 60, settings.STATE / "report.log"
+        )
     report = read_json(out_dir / "summary.json")
     return {
         "status": "ok"
@@ -155,7 +182,8 @@ def phase_sweep(args: argparse.Namespace) -> dict[str, Any]:
         "rc": rc,
         "config": config,
         "corpus": corpus_info,
-        "runs": sweep_runs(out_dir),
+        "gemm_rate": rate,
+        "runs": sweep_runs(out_dir, flops),
         "verdicts": sweep_verdicts(report) if report else None,
         "tail": tail[-2000:],
     }

@@ -1,6 +1,6 @@
-"""``bert-mp train configs/quickstart.yaml model.unpad=true`` (packed, compiled; and the padded path
-compiled): trains, resumes bit-identically in a fresh process, and exports a folder whose
-plain-transformers (padded) logits equal the unpadded model's."""
+"""``bert-mp train configs/quickstart.yaml model.unpad=true`` (packed, compiled; and the padded path and
+data.token_budget rows compiled, with inductor): trains, resumes bit-identically in a fresh process,
+and exports a folder whose plain-transformers (padded) logits equal the unpadded model's."""
 
 from __future__ import annotations
 
@@ -82,8 +82,14 @@ def _padded_batch(rows: list[dict], length: int) -> dict[str, torch.Tensor]:
 @pytest.mark.slow  # three fresh training processes of a tiny model
 @pytest.mark.parametrize(
     "extra",
-    [[], ["data.pack_pairs=true"], ["train.compile=model"], ["model.unpad=false", "train.compile=model"]],
-    ids=["unpad", "unpad+pack", "unpad+compile", "padded+compile"],  # compile: inductor, minutes of CPU
+    [
+        [],
+        ["data.pack_pairs=true"],
+        ["train.compile=model"],
+        ["model.unpad=false", "train.compile=model"],
+        ["model.unpad=false", "data.token_budget=true", "train.compile=model"],
+    ],
+    ids=["unpad", "unpad+pack", "unpad+compile", "padded+compile", "budget+compile"],  # inductor: minutes
 )
 def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
     overrides = [*_overrides(tmp_path, "straight"), *extra]
@@ -115,6 +121,8 @@ def test_unpadded_quickstart_trains_resumes_and_exports(tmp_path, extra):
         assert compiled["graphs"] > 0
         if "model.unpad=false" in extra:  # padded: one region, no break (unpadded: the host layout's)
             assert compiled["graph_breaks"] == 0, compiled
+        if "data.token_budget=true" in extra:  # one shape: a training graph and an evaluation graph
+            assert compiled["graphs"] == 2, compiled
     # exact, every step, compiled too: on CPU the compiled run's scatter-adds keep one order
     # (bert_mp.model.bert.deterministic_inductor), so a fresh process repeats it to the bit; padded,
     # the bucketed lengths keep every graph compiled (no frame passes the recompile limit and runs

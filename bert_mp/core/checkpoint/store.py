@@ -156,6 +156,7 @@ def read_loop_state(folder: Path) -> dict:
         "step",
         "epoch",
         "batch_in_epoch",
+        "data_offset",
         "skipped_steps",
         "consecutive_skips",
         "tokens_seen",

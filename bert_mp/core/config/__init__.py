@@ -18,7 +18,7 @@ from bert_mp.core.config.data import DOCUMENT_MODES, OBJECTIVES, DataConfig
 from bert_mp.core.config.load import config_from_layers, config_to_dict, load_config, load_yaml, save_config
 from bert_mp.core.config.loops import OPTIMIZERS, FinetuneConfig, LoopConfig, TrainConfig
 from bert_mp.core.config.model import MODEL_PRESETS, ModelConfig
-from bert_mp.core.config.sweep import SweepConfig
+from bert_mp.core.config.sweep import RECIPES, SweepConfig
 from bert_mp.core.config.tree import Config, HardwareConfig
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "MODEL_PRESETS",
     "OBJECTIVES",
     "OPTIMIZERS",
+    "RECIPES",
     "Config",
     "DataConfig",
     "FinetuneConfig",

@@ -88,6 +88,14 @@ class DataConfig:
     """Put several examples into one row of ``max_seq_length`` at load time (first fit, per micro-batch):
     each attends only within itself, with its own position ids and NSP at its own [CLS]. Needs
     model.unpad=true; the prepared data is the same (not part of the cache key). See docs/training.md."""
+    token_budget: bool = False
+    """Micro-batches of a fixed token budget: every micro-batch is ``train.micro_batch_size`` rows of
+    ``max_seq_length`` tokens, filled first-fit with whole examples in data order; the example that
+    does not fit starts the next micro-batch (carried, never dropped, never cut in two). One input
+    shape every step, so a compiled run compiles once; each example attends only within itself (a
+    block-diagonal mask, or torch's varlen kernel on CUDA), with its own position ids and NSP at its
+    own [CLS]. ``train.global_batch_size`` then counts rows. Not with model.unpad or data.pack_pairs;
+    not part of the cache key. See docs/training.md."""
     mlm_document_attention: str = "cross"
     """objective=mlm: ``cross`` lets a token attend across the [SEP] between two documents of a row
     (RoBERTa's FULL-SENTENCES, as prepared); ``block`` keeps each document of a row to itself, with
@@ -225,7 +233,7 @@ class DataConfig:
     def cache_key(self) -> str:
         """Hash of every setting that changes the prepared bytes (not num_proc, not cache_dir)."""
         d = asdict(self)
-        for k in ("num_proc", "cache_dir", "pack_pairs", "mlm_document_attention"):
+        for k in ("num_proc", "cache_dir", "pack_pairs", "token_budget", "mlm_document_attention"):
             d.pop(k)
         # a derived cap and the same cap set explicitly give the same bytes; defaults of the new
         # keys leave the key of an existing config unchanged

@@ -10,8 +10,15 @@ from bert_mp.core.config.checks import _check, _check_tracker, _choice, _range
 from bert_mp.core.config.precision_modes import BF16_UPDATES, FP8_RECIPES, PRECISIONS
 
 OPTIMIZERS = ("adamw", "lamb", "sophia", "stable_adamw", "lion")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""torch.compile's modes (``train.compile_mode``)."""
+COMPILE_MODES = (
+    "default",
+    "reduce-overhead",
+    "coordinate-descent",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+)
+"""``train.compile_mode``: torch.compile's modes, and ``coordinate-descent`` (reduce-overhead plus inductor's
+coordinate-descent tuning; ``bert_mp.model.bert.INDUCTOR_MODES``)."""
 STRATEGIES = ("auto", "single", "ddp", "fsdp", "deepspeed")
 
 
@@ -182,8 +189,11 @@ class TrainConfig(LoopConfig):
     place); static shapes. Checkpoint keys and the export are the same in every mode."""
     compile_mode: str = "default"
     """With train.compile: torch.compile's mode: default | reduce-overhead (CUDA graphs over the static
-    batch shapes) | max-autotune (inductor's GEMM / kernel autotuning, plus CUDA graphs; long compile) |
-    max-autotune-no-cudagraphs. On a CPU the CUDA-graph part has no effect. docs/gpu.md has the
+    batch shapes) | coordinate-descent (reduce-overhead plus inductor's coordinate-descent search of each
+    Triton kernel's launch configuration; a longer compile) | max-autotune (that, plus GEMMs benchmarked
+    against Triton templates, with bias / GELU epilogues fused where a template wins; the longest
+    compile) | max-autotune-no-cudagraphs. On a CPU the CUDA-graph and Triton parts have no effect.
+    Inductor's caches (TORCHINDUCTOR_CACHE_DIR) keep the tuning for the next run. docs/gpu.md has the
     measured ladder."""
     export: bool = True
     """Write final/ with save_pretrained + tokenizer at the end."""

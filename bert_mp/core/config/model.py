@@ -42,8 +42,9 @@ class ModelConfig:
     attention_kernel: str = "auto"
     """Which fused attention kernel SDPA may use: auto (torch's choice; docs/gpu.md has the measured
     ranking) | cudnn | efficient (memory-efficient) | math (the reference, unfused) | flash (torch's
-    varlen flash kernel on the unpadded stream: needs model.unpad=true, no attention dropout and
-    train.compile=none; a padded batch's mask rules flash out). cudnn and efficient are CUDA kernels."""
+    varlen flash kernel on the unpadded stream or on data.token_budget rows: needs model.unpad=true
+    (with train.compile=none) or data.token_budget=true, and no attention dropout; a padded batch's
+    mask rules flash out). cudnn and efficient are CUDA kernels."""
     sparse_mlm_head: bool = True
     """Run the MLM decoder only on masked positions (same parameters and state-dict keys)."""
     unpad: bool = False
@@ -73,10 +74,9 @@ class ModelConfig:
         )
         if self.attention_kernel == "flash":
             _check(
-                self.unpad and self.attention_probs_dropout_prob == 0,
+                self.attention_probs_dropout_prob == 0,
                 "model.attention_kernel",
-                "flash runs torch's varlen flash kernel on the unpadded stream (a padded batch's mask "
-                "rules the flash kernel out, and it has no dropout): add model.unpad=true and "
+                "flash runs torch's varlen flash kernel, which has no dropout: add "
                 "model.attention_probs_dropout_prob=0, or use auto / cudnn / efficient",
                 self.attention_kernel,
             )

@@ -10,6 +10,12 @@ from bert_mp.core.config.loops import OPTIMIZERS
 from bert_mp.core.config.model import MODEL_PRESETS
 from bert_mp.core.config.precision_modes import AMP_PRECISIONS, PRECISIONS
 
+RECIPES: dict[str, tuple[str, ...]] = {
+    # MosaicBERT's choice: attention without dropout (torch's varlen flash kernel has none)
+    "no_attention_dropout": ("model.attention_probs_dropout_prob=0",),
+}
+"""``sweep.recipes``: named changes of what is trained, each as the overrides that make it."""
+
 
 @dataclass
 class SweepConfig:
@@ -32,6 +38,12 @@ class SweepConfig:
     runs are judged against that optimizer's own fp32 runs (empty: the base value)."""
     seeds: list[int] = field(default_factory=list)
     """Optional axis: train.seed values, each with its own fp32 reference (empty: the base value)."""
+    recipes: list[str] = field(default_factory=list)
+    """Optional runs that change the recipe, not the precision (names from RECIPES, e.g.
+    no_attention_dropout): each trains at ``recipe_precision`` and is judged by the verdict against
+    the group's fp32 reference, which keeps the base recipe - a recipe change is never silent."""
+    recipe_precision: str = "bf16"
+    """Precision of the recipe runs; one of ``sweep.precisions``."""
     reference_seed: Optional[int] = None
     """Second seed for the fp32 reference, measuring seed-to-seed spread (None: train.seed + 1)."""
     launcher: str = "auto"
@@ -85,6 +97,15 @@ class SweepConfig:
             "has duplicates",
             self.optimizers,
         )
+        for i, v in enumerate(self.recipes):
+            _choice(v, f"sweep.recipes[{i}]", tuple(RECIPES))
+        if self.recipes:
+            _check(
+                self.recipe_precision in self.precisions,
+                "sweep.recipe_precision",
+                f"must be one of sweep.precisions={self.precisions}",
+                self.recipe_precision,
+            )
         _choice(self.launcher, "sweep.launcher", ("auto", "python", "accelerate"))
         _range(self.num_processes, "sweep.num_processes", 1)
         _range(self.parity_window, "sweep.parity_window", 1)

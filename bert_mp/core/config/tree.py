@@ -58,9 +58,18 @@ class Config:
                 "blocking attention between documents needs the unpadded encoder; add model.unpad=true",
                 self.data.mlm_document_attention,
             )
+        if self.data.token_budget:
+            self._check_token_budget()
         if self.model.attention_kernel == "flash":
             _check(
-                self.train.compile == "none",
+                self.model.unpad or self.data.token_budget,
+                "model.attention_kernel",
+                "flash runs torch's varlen flash kernel on sequences without padding: add model.unpad=true "
+                "or data.token_budget=true, or use auto / cudnn / efficient",
+                self.model.attention_kernel,
+            )
+            _check(
+                self.train.compile == "none" or not self.model.unpad,
                 "model.attention_kernel",
                 "flash (the varlen kernel) takes the unpadded stream as it is; a compiled run buckets "
                 "the stream, which the block route serves: use auto, cudnn or efficient with train.compile",
@@ -74,3 +83,26 @@ class Config:
                 f"{self.train.precision}",
                 self.model.attn_implementation,
             )
+
+    def _check_token_budget(self) -> None:
+        """``data.token_budget`` runs the encoder on its full rows with a block-diagonal mask."""
+        _check(
+            not self.model.unpad,
+            "data.token_budget",
+            "fills full rows of one shape, which the encoder runs as they are; model.unpad would "
+            "flatten them again: set model.unpad=false",
+            self.data.token_budget,
+        )
+        _check(
+            not self.data.pack_pairs,
+            "data.token_budget",
+            "packs the rows itself; set data.pack_pairs=false",
+            self.data.token_budget,
+        )
+        _check(
+            self.model.attn_implementation in ("sdpa", "eager"),
+            "data.token_budget",
+            "keeps examples apart with a block-diagonal mask, which sdpa and eager take; set "
+            "model.attn_implementation=sdpa",
+            self.data.token_budget,
+        )

@@ -23,6 +23,9 @@ class LoopState:
     epoch: int = 0
     batch_in_epoch: int = 0
     """Global batches of ``epoch`` already consumed (skipped steps included)."""
+    data_offset: int = 0
+    """Examples of ``epoch``'s order already consumed, where a step does not hold a fixed number of
+    them (pretraining's ``data.token_budget``: the next step starts with the example that did not fit)."""
     skipped_steps: int = 0
     consecutive_skips: int = 0
     tokens_seen: int = 0

@@ -90,7 +90,15 @@ def _differing_key(a: DataConfig, b: DataConfig) -> str:
     """The first data setting that changes the prepared bytes and differs between ``a`` and ``b``."""
     from dataclasses import asdict
 
-    ignored = ("shard", "cache_dir", "num_proc", "num_shards", "pack_pairs", "mlm_document_attention")
+    ignored = (
+        "shard",
+        "cache_dir",
+        "num_proc",
+        "num_shards",
+        "pack_pairs",
+        "token_budget",
+        "mlm_document_attention",
+    )
     da, db = asdict(a), asdict(b)
     return next((k for k in da if k not in ignored and da[k] != db[k]), "?")
 

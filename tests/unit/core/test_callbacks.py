@@ -107,8 +107,10 @@ def test_throughput_and_mfu():
     logs: dict = {}
     mon.on_step_end(state, facts, logs)
     assert logs["throughput/tokens_per_sec"] == 800.0 and logs["throughput/seqs_per_sec"] == 8.0
+    assert logs["throughput/positions_per_sec"] == 2 * facts.padded_tokens  # padding included
     assert logs["time/step_ms"] == 500.0 and logs["data/wait_fraction"] == pytest.approx(0.2)
     assert logs["throughput/mfu"] == pytest.approx(step_flops(facts, ctx) / 0.5 / (2 * 989.4e12))
+    assert logs["throughput/flops_per_sec"] == pytest.approx(step_flops(facts, ctx) / 0.5)
     cpu = ThroughputMonitor(cfg)
     cpu.on_train_start(None, _ctx(cfg, device_name="Intel Xeon"))
     logs = {}

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from support import make_tokenizer, tiny_unpadded_model
+from support import assert_same_step, make_tokenizer, tiny_unpadded_model
 
 from bert_mp.core.config import DataConfig
 from bert_mp.data.masking import PretrainingCollator
@@ -116,14 +116,7 @@ def _check_bounded(
     model.compile(backend="eager", dynamic=False)
     before = compiled_graphs()
     for static, plain in batches:
-        model.zero_grad(), reference.zero_grad()
-        got, want = model(**static), reference(**plain)
-        (got["mlm_loss_sum"] + got["nsp_loss_sum"]).backward()
-        (want["mlm_loss_sum"] + want["nsp_loss_sum"]).backward()
-        for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5, msg=k)
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_same_step(model, reference, static, plain)
     assert compiled_graphs() - before <= most, compiled_graphs() - before
 
 

@@ -372,3 +372,61 @@ def test_optimi_runs_its_triton_update_and_it_matches_its_for_loop(name, monkeyp
     for a, b in zip(fast.parameters(), loop.parameters()):
         assert opt_fast.state[a]["kahan_comp"].shape == a.shape  # a real compensation buffer
         torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=1e-5)
+
+
+def test_token_budget_rows_take_the_varlen_kernel_with_empty_sequences_and_match_the_mask(monkeypatch):
+    """data.token_budget rows on CUDA in bf16 without attention dropout: torch's varlen kernel on the
+    flattened rows, with the batch's fixed-size cu_seqlens (padded tails and empty sequences included),
+    gives the block-diagonal mask's losses and gradients to bf16 rounding."""
+    pytest.importorskip("torch.nn.attention.varlen")
+    import copy
+
+    from support import make_tokenizer, tiny_unpadded_model
+
+    import bert_mp.model.rows as rows_mod
+    from bert_mp.core.config import DataConfig
+    from bert_mp.data.masking import PretrainingCollator
+    from bert_mp.model.bert import PretrainingModel
+
+    tok = make_tokenizer()
+    feats = []
+    for i, k in enumerate([30, 9, 17, 6, 32, 12, 5]):  # 4 rows of 32: two rows hold two examples
+        body = [5 + (3 * i + j) % 59 for j in range(k - 3)]
+        ids = [
+            tok.cls_token_id,
+            *body[: (k - 3) // 2],
+            tok.sep_token_id,
+            *body[(k - 3) // 2 :],
+            tok.sep_token_id,
+        ]
+        types = [0] * ((k - 3) // 2 + 2) + [1] * (k - (k - 3) // 2 - 2)
+        feats.append(
+            {"input_ids": ids, "token_type_ids": types, "next_sentence_label": i % 2, "index": i, "epoch": 0}
+        )
+    collate = PretrainingCollator(
+        tok, DataConfig(max_seq_length=32, token_budget=True), seed=1, budget_rows=5
+    )
+    batch = {k: v.cuda() for k, v in collate(feats).items()}
+    assert int(batch["cu_seqlens"][-1]) == 5 * 32 and len(set(batch["cu_seqlens"].tolist())) < len(
+        batch["cu_seqlens"]
+    )
+    base = tiny_unpadded_model(32).model.cuda()
+    base.set_attn_implementation("sdpa")
+
+    def step(route_kernel):
+        monkeypatch.setattr(rows_mod, "varlen_kernel", route_kernel)
+        wrapper = PretrainingModel(copy.deepcopy(base), token_budget=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = wrapper(**batch)
+        (out["mlm_loss_sum"] + out["nsp_loss_sum"]).float().backward()
+        return out, {n: p.grad.float() for n, p in wrapper.named_parameters() if p.grad is not None}
+
+    used = []
+    real = rows_mod.flash_varlen_kernel
+    varlen_out, varlen_grads = step(lambda *a: used.append(real(*a)) or used[-1])
+    assert used and all(k is not None for k in used), "the varlen kernel was not taken"
+    mask_out, mask_grads = step(lambda *a: None)
+    for k in ("mlm_loss_sum", "nsp_loss_sum"):
+        torch.testing.assert_close(varlen_out[k].float(), mask_out[k].float(), rtol=2e-2, atol=2e-2)
+    for name, g in mask_grads.items():
+        assert float((varlen_grads[name] - g).norm() / g.norm().clamp_min(1e-6)) < 3e-2, name

@@ -109,6 +109,28 @@ def test_compile_mode_needs_compile():
         Config(train=TrainConfig(compile="model", compile_mode="fast")).validate()
 
 
+def test_coordinate_descent_is_inductors_options_on_top_of_cuda_graphs():
+    """``train.compile_mode=coordinate-descent`` hands inductor options torch knows (an unknown key is
+    refused when torch.compile is called, before anything compiles) instead of a torch mode."""
+    import torch._inductor as inductor
+
+    from bert_mp.model.bert import INDUCTOR_MODES, compile_model
+
+    opts = INDUCTOR_MODES["coordinate-descent"]
+    assert (
+        opts.items()
+        <= {**inductor.list_mode_options("reduce-overhead"), "coordinate_descent_tuning": True}.items()
+    )
+    seen: list[dict] = []
+    layer = torch.nn.Linear(2, 2)
+    layer.compile = lambda **kw: seen.append(kw)  # what Module.compile is given
+    compile_model(layer, "model", compile_mode="coordinate-descent")
+    compile_model(layer, "model", compile_mode="max-autotune")
+    assert seen == [{"dynamic": False, "options": opts}, {"dynamic": False, "mode": "max-autotune"}]
+    torch.compile(torch.nn.Linear(2, 2), options=opts)  # the keys are inductor's
+    Config(train=TrainConfig(compile="model", compile_mode="coordinate-descent")).validate()
+
+
 def test_compiled_padded_step_has_no_graph_break_and_the_eager_losses(data, tmp_path):
     """The whole padded forward + loss (and, through AOTAutograd, its backward) is one compiled region:
     dynamo reports zero graph breaks for the run, in summary.json; the losses are the eager run's."""

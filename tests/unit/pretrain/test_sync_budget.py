@@ -175,6 +175,6 @@ def test_several_ranks_use_the_reduced_masked_count_without_a_host_read():
     with HostSyncRecorder() as rec:
         figures = forward_backward(model, micro, _TwoRanks(), plan, per_rank=8)
     assert rec.events == [], rec.report()
-    assert set(figures) == {*SUM_KEYS, "tokens", "padded_tokens", "attention_flops_tokens"}
+    assert set(figures) == {*SUM_KEYS, "tokens", "padded_tokens", "attention_flops_tokens", "sequences"}
     assert all(f.shape == () and f.dtype == torch.float32 for f in figures.values())
     assert float(figures["padded_tokens"]) == 2 * 4 * 16

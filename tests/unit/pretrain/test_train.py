@@ -29,7 +29,9 @@ TRAIN_KEYS = {
     "optim/grad_norm",
     "time/step_ms",
     "throughput/tokens_per_sec",
+    "throughput/positions_per_sec",
     "throughput/seqs_per_sec",
+    "throughput/flops_per_sec",
     "throughput/mfu",
     "memory/peak_bytes",
     "data/wait_fraction",
@@ -217,7 +219,7 @@ def test_the_stopped_line_says_how_to_continue_the_run():
 # --------------------------------------------------------------------------------------------------
 # train.metrics_sync=log: step metrics read back at log points (the CUDA default), same figures
 # --------------------------------------------------------------------------------------------------
-TIMING_KEYS = {"time/step_ms", "throughput/tokens_per_sec", "throughput/seqs_per_sec", "throughput/mfu"}
+TIMING_KEYS = {k for k in TRAIN_KEYS if k.startswith(("time/", "throughput/"))}
 TIMING_KEYS |= {"data/wait_fraction", "memory/peak_bytes"}
 
 

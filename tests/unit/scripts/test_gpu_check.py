@@ -346,3 +346,50 @@ def test_profile_rows_and_their_lines():
         in md
     )
     assert summary.profile_rows(None) == []
+
+
+def test_the_inductor_cache_is_packed_into_out_and_unpacked_by_the_next_command(tmp_path, monkeypatch):
+    """A command packs its children's TORCHINDUCTOR_CACHE_DIR into OUT (under a returned file's size;
+    too large: the compiled graphs and tuning results alone); the next one, given it in .gpu_cache/,
+    unpacks it before its phases. Eight files at most still come back."""
+    import random
+
+    cache = load_script("gpu/cache")
+    _sandbox(tmp_path, monkeypatch)
+    monkeypatch.setattr(settings, "ROOT", tmp_path / "repo")
+    src = cache.cache_dir()
+    assert child.child_env()["TORCHINDUCTOR_CACHE_DIR"] == str(src)
+    noise = random.Random(0).randbytes(200_000)  # does not compress: the kernels' share of the size
+    for rel, data in {
+        "fxgraph/ab/entry": b"graph" * 100,
+        "aotautograd/cd/entry": b"aot" * 100,
+        "triton/0/kernel.cubin": noise,
+        "3g/k.best_config": b"{}",
+        "fxgraph/ab/entry.lock": b"",
+    }.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cache.pack(out)["contents"] == "all"
+    small = cache.pack(out, cap=100_000)  # the kernels do not fit: graphs and tuning results do
+    assert small["contents"] == "graphs and tuning results" and small["files"] == 3
+    (settings.ROOT / settings.CARRIED_DIR).mkdir(parents=True)
+    (out / cache.ARCHIVE).rename(cache.carried_archive())
+    dest = tmp_path / "next_machine"
+    assert cache.unpack_carried(dest=dest) == {
+        "carried": True,
+        "bytes": cache.carried_archive().stat().st_size,
+        "files": 3,
+    }
+    assert (dest / "fxgraph/ab/entry").read_bytes() == b"graph" * 100 and (dest / "3g/k.best_config").exists()
+    assert not (dest / "triton").exists() and not (dest / "fxgraph/ab/entry.lock").exists()
+    assert cache.pack(out, cap=100)["packed"] is False and not (out / cache.ARCHIVE).exists()
+    assert cache.unpack_carried(archive=tmp_path / "none.tar.gz") == {"carried": False}
+    # with an archive in OUT the phase files give way first: never more than eight files
+    cache.pack(out)
+    for name in ("install", "ladder", "tests", "kernels", "compile", "sweep"):
+        (settings.STATE / f"{name}.json").write_text(json.dumps({"status": "ok"}))
+    check.Publisher(out, ["summary"]).publish()
+    files = {p.name for p in out.iterdir()}
+    assert len(files) == settings.MAX_OUT_FILES and cache.ARCHIVE in files and "summary.json" in files

@@ -102,6 +102,8 @@ RUNS = {
     "bf16": ("bf16", "candidate", 1.0, 0.01, 3, 2500.0, 700, "completed", {}),
     "fp16": ("fp16", "candidate", 1.0, 0.01, 4, 1900.0, 720, "completed", {"fp16": True}),
     "fp16-bad": ("fp16", "candidate", 1.0, 0.01, 5, 1900.0, 720, "failed", {"nan_at": 80}),
+    # a recipe change (sweep.recipes) that moves the loss off the base recipe's fp32 curve
+    "bf16+no_attention_dropout": ("bf16", "recipe", 1.25, 0.01, 6, 2700.0, 700, "completed", {}),
 }
 
 
@@ -177,12 +179,14 @@ def test_report_verdicts_tables_and_plots(tmp_path):
     assert v["fp16-bad"]["status"] == "fail"
     assert any("non-finite" in r for r in v["fp16-bad"]["reasons"])
     assert v["tf32"]["status"] == "skipped" and "Ampere" in v["tf32"]["reasons"][0]
+    assert v["bf16+no_attention_dropout"]["status"] == "fail"  # judged against BERT's own recipe
     # tolerances come from the seed spread in the data (2% offset), not a constant
     spread = v["bf16"]["checks"]["train:loss/mlm"]["seed_spread"]
     assert 0.01 < spread < 0.04
 
     ladder = {r["name"]: r for r in summary["groups"][0]["speed_ladder"]}
     assert ladder["bf16"]["speedup_vs_fp32"] == pytest.approx(2.5)
+    assert ladder["bf16+no_attention_dropout"]["speedup_vs_fp32"] == pytest.approx(2.7)
     assert summary["groups"][0]["fp16"]["fp16"]["skipped_steps"] == 2
 
     md = (root / "report.md").read_text()
@@ -200,6 +204,7 @@ def test_report_verdicts_tables_and_plots(tmp_path):
         "micro_batch_size=12",
         "fp16 health",
         "highest",
+        "bf16+no_attention_dropout",
     ):
         assert needle in md, needle
     plots = {p.name for p in (root / "plots").glob("*.png")}

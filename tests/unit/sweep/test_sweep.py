@@ -110,6 +110,22 @@ def test_each_optimizer_is_a_group_with_its_own_fp32_reference(files):
     assert groups[1].runs[2].dir == "runs/lamb/bf16_pure"
 
 
+def test_a_recipe_run_is_named_and_judged_against_the_base_recipe(files):
+    cfg, _ = load_sweep_config(files[1], ["sweep.recipes=[no_attention_dropout]"])
+    (group,) = plan_sweep(cfg)
+    recipe = group.runs[-1]
+    assert (recipe.name, recipe.role, recipe.precision) == ("bf16+no_attention_dropout", "recipe", "bf16")
+    assert recipe.overrides == ["train.precision=bf16", "model.attention_probs_dropout_prob=0"]
+    assert [r.role for r in group.runs[:2]] == ["reference", "seed_spread"]  # fp32 keeps BERT's dropout
+    assert all("dropout" not in o for r in group.runs[:-1] for o in r.overrides)
+    for bad, key in (
+        ("sweep.recipes=[no_dropout]", "sweep.recipes"),
+        ("sweep.recipe_precision=fp16", "recipe_"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            load_sweep_config(files[1], ["sweep.recipes=[no_attention_dropout]", bad])
+
+
 def test_reference_seed_must_differ(files):
     cfg, _ = load_sweep_config(files[1], ["train.seed=5", "sweep.reference_seed=5"])
     with pytest.raises(ConfigError, match="reference_seed"):
