@@ -33,7 +33,7 @@ from bert_mp.core.loop.epochs import epoch_order
 from bert_mp.core.loop.numerics_guard import NumericsGuard
 from bert_mp.core.loop.run_log import RunLog
 from bert_mp.core.loop.skeleton import TrainingLoop
-from bert_mp.core.loop.state import BatchGeometry, exit_code, outcome_line, signal_flag
+from bert_mp.core.loop.state import BatchGeometry, exit_code, outcome_line
 from bert_mp.core.numerics.hessian import HessianEstimator
 from bert_mp.core.numerics.optimizers import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.numerics.precision import install_scaler
@@ -267,7 +267,7 @@ class FineTuner(TrainingLoop):
             logits = self.model(**batch).logits
         loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
         # one reduction per step: the loss every rank judges the same way, and the stop flag
-        flag = signal_flag(s.pending_signal)
+        flag = self.stop_flag()  # a signal caught here, or the launcher gone
         total_loss, stop = acc.reduce(
             torch.stack([loss.detach(), torch.tensor(flag, device=loss.device)]), "sum"
         ).tolist()

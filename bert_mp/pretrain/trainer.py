@@ -44,7 +44,6 @@ from bert_mp.core.loop.state import (  # the exit codes are re-exported: `bert-m
     BatchGeometry,
     exit_code,
     outcome_line,
-    signal_flag,
 )
 from bert_mp.core.numerics.hessian import HessianEstimator
 from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler, describe_optimizer
@@ -339,7 +338,7 @@ class Trainer(TrainingLoop):
         micro = [next(self.batches) for _ in range(self.geometry.accumulation)]
         wait = time.perf_counter() - wait
         local = forward_backward(self.model, micro, self.accelerator, self.plan, self.geometry.per_rank)
-        local["stop_flag"] = device_scalar(signal_flag(s.pending_signal), self.accelerator.device)
+        local["stop_flag"] = device_scalar(self.stop_flag(), self.accelerator.device)
         reduced = StepTotals.reduce(local, self.accelerator)  # stays on the device
         stop = False
         if self.sync_each_step:  # read now: a non-finite loss stops before its optimizer step
