@@ -140,8 +140,7 @@ class Trainer(TrainingLoop):
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
         """Accelerator, batch geometry and data, then model, optimizer and scheduler."""
-        tc = self.tc
-        self.config_changes = check_output_dir(self.cfg, tc)  # before any work
+        tc = self.tc  # the run folder was checked before any work (check_run_folder)
         self.total_steps = self.final_eval_step = tc.max_steps
         self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
         apply_flush_denormal(self.cfg.hardware.flush_denormal)
@@ -235,6 +234,10 @@ class Trainer(TrainingLoop):
         self.guard = NumericsGuard.for_loop(tc, self.scaler, warmup_key="warmup_steps")
         self.sync_each_step = syncs_each_step(tc.metrics_sync, acc.device)
         self.pending = DeviceStepMetrics(keys=(*StepTotals.names(), "grad_norm"), log_every=tc.log_every)
+
+    def check_run_folder(self) -> None:
+        """The shared run-folder check, then: a resume onto rebuilt prepared data is refused."""
+        self.config_changes = check_output_dir(self.cfg, self.tc)
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:

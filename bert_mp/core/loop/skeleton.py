@@ -2,10 +2,11 @@
 
 :class:`TrainingLoop` owns the order of a run and the parts both products run the same way:
 
-- :meth:`~TrainingLoop.run`: set up, restore, write ``config.yaml`` (after the restore, so a refused
-  resume leaves it as it was), start, then step until done or stopped, with SIGTERM / SIGINT turned
-  into a stop after the current step and the ``step`` hold point for tests; a :class:`TrainingError`
-  writes a ``failed`` summary and propagates;
+- :meth:`~TrainingLoop.run`: hold the run folder (one writer: its lock, then its checks,
+  :meth:`~TrainingLoop.check_run_folder`), set up, restore, write ``config.yaml`` (after the restore,
+  so a refused resume leaves it as it was), start, then step until done or stopped, with SIGTERM /
+  SIGINT (or the launcher gone) turned into a stop after the current step and the ``step`` hold point
+  for tests; a :class:`TrainingError` writes a ``failed`` summary and propagates;
 - :meth:`~TrainingLoop.update`, the block after a backward: Sophia's Hessian estimate when due, the
   optimizer step, a signal stop, the numerics guard's skip accounting, then the scheduler and the step
   count (a step the fp16 scaler skipped advances neither);
@@ -34,7 +35,7 @@ from bert_mp.core.numerics.subnormal import state_tensors
 from bert_mp.core.run.console import tell_launcher_the_run_folder
 from bert_mp.core.run.hold import hold
 from bert_mp.core.run.launcher import LAUNCHER_GONE, LauncherWatch, relay_stop
-from bert_mp.core.run.run_dir import announce_resume, hold_run_folder
+from bert_mp.core.run.run_dir import announce_resume, check_output_dir, hold_run_folder
 from bert_mp.errors import TrainingError
 
 if TYPE_CHECKING:
@@ -97,7 +98,10 @@ class TrainingLoop(abc.ABC):
     def run(self) -> dict[str, Any]:
         """Set up, restore, start, then step until done or stopped; end. Returns summary.json's content."""
         # one writer per run folder, from before any work until the run ends (the main process)
-        with hold_run_folder(self.section), contextlib.closing(LauncherWatch.from_env()) as launcher:
+        with (
+            hold_run_folder(self.section, check=self.check_run_folder),
+            contextlib.closing(LauncherWatch.from_env()) as launcher,
+        ):
             self.launcher = launcher
             self.set_up()
             tell_launcher_the_run_folder(self.section.output_dir)
@@ -115,6 +119,11 @@ class TrainingLoop(abc.ABC):
             return self.end()
 
     # ---- what a product builds and runs ------------------------------------------------------------
+    def check_run_folder(self) -> None:
+        """Before any work, with the run folder held: refuse a silent reuse of it (or a resume that
+        changes the weights' shape) and keep a resume's allowed config changes. Only reads."""
+        self.config_changes = check_output_dir(self.cfg, self.section)
+
     @abc.abstractmethod
     def set_up(self) -> None:
         """Build the run's parts: accelerator, data, model, optimizer, scheduler, guard, checkpointer, log."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,23 +156,39 @@ def announce_resume(accelerator: Any, command: str, folder: str | None, step: in
 # one writer per folder
 # --------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def hold_folder(folder: str | Path, key: str, what: str = "run") -> Iterator[None]:
+def hold_folder(
+    folder: str | Path, key: str, what: str = "run", check: Callable[[], None] = lambda: None
+) -> Iterator[None]:
     """Hold ``folder`` (the value of config key ``key``) for this command, on the main process only.
 
     A folder a live process holds is refused in one line naming it (:class:`ConfigError`, exit 2); a
-    file system that cannot lock is said once, and the command goes on unlocked. Costs a few system
-    calls at the start, nothing per step.
+    file system that cannot lock is said once, and the command goes on unlocked. ``check`` (the run
+    folder's refusals, which only read) runs under the lock - or, where the folder has no lock file
+    yet, before it is created, so that a refused command leaves the folder as it found it. Costs a
+    few system calls at the start, nothing per step.
     """
     if not is_main_process():  # under a launch, rank 0 writes the run's shared files and holds it
+        check()
         yield
         return
+    checked = not (Path(folder) / folder_lock.LOCK_FILE).exists()
+    if checked:
+        check()
+    lock = _take(folder, key, what)
+    with lock:
+        if not checked:
+            check()
+        yield
+
+
+def _take(folder: str | Path, key: str, what: str) -> folder_lock.FolderLock:
     try:
         lock = folder_lock.take(folder, folder_lock.me(launcher_pid()))
     except folder_lock.FolderInUse as e:
         raise ConfigError(busy_line(folder, key, e.holder, what)) from None
     except OSError as e:
-        if disk.write_failure(e) is None:
-            raise
+        if disk.write_failure(e) is None:  # not a folder (a file of that name), a name too long, ...
+            raise ConfigError(f"{key}={folder}: cannot hold it as a run folder ({disk.reason(e)})") from None
         raise disk.storage_error(
             f"the lock file {folder_lock.LOCK_FILE}", folder, e, None, f"choose a writable {key}"
         ) from None
@@ -181,10 +197,9 @@ def hold_folder(folder: str | Path, key: str, what: str = "run") -> Iterator[Non
             f"{key}={folder}: this file system cannot lock files ({lock.problem}); a second command "
             "writing to this folder at the same time would not be refused",
             BertMPWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    with lock:
-        yield
+    return lock
 
 
 def busy_line(folder: str | Path, key: str, holder: folder_lock.Holder | None, what: str = "run") -> str:
@@ -200,6 +215,7 @@ def busy_line(folder: str | Path, key: str, holder: folder_lock.Holder | None, w
     )
 
 
-def hold_run_folder(section: Any) -> contextlib.AbstractContextManager[None]:
-    """:func:`hold_folder` for a training loop's section (``train`` / ``finetune``)."""
-    return hold_folder(section.output_dir, f"{section.SECTION}.output_dir")
+def hold_run_folder(section: Any, check: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+    """:func:`hold_folder` for a training loop's section (``train`` / ``finetune``), ``check`` its run
+    guard (:func:`check_output_dir`, or pretraining's)."""
+    return hold_folder(section.output_dir, f"{section.SECTION}.output_dir", check=check)

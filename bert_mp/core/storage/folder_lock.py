@@ -25,7 +25,7 @@ import shlex
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 LOCK_FILE = "bert-mp.lock"
@@ -89,21 +89,27 @@ class FolderLock:
     path: Path
     fd: int | None = None
     problem: str | None = None
-    created: bool = False
-    """The folder did not exist before: it is removed on release if nothing else was written to it."""
+    created: tuple[Path, ...] = ()
+    """Folders made for the lock (the folder, then missing parents): removed on release while empty."""
+    owner: int = field(default_factory=os.getpid)
+    """The process that took it (a forked child shares the lock and must never remove the file)."""
 
     def release(self) -> None:
         """Let go: the file is removed while still locked (see the module docstring), then closed."""
-        if self.fd is None:
+        if self.fd is None or os.getpid() != self.owner:
             return
         with contextlib.suppress(OSError):
             if _same_file(self.path, self.fd):
                 self.path.unlink()
         os.close(self.fd)
         self.fd = None
-        if self.created:
-            with contextlib.suppress(OSError):
-                self.path.parent.rmdir()  # only if empty
+        with contextlib.suppress(ValueError):
+            _HELD.remove(self)
+        for folder in self.created:  # nothing else written there: left as it was found
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
     def __enter__(self) -> FolderLock:
         return self
@@ -139,9 +145,10 @@ def take(folder: str | Path, holder: Holder) -> FolderLock:
     with ``problem`` set where the file system cannot lock. Costs a few system calls, once.
     """
     path = Path(folder) / LOCK_FILE
-    created = not path.parent.exists()
+    created = tuple(p for p in (path.parent, *path.parent.parents) if not p.exists())
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
+        existed = path.exists()
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -150,6 +157,8 @@ def take(folder: str | Path, holder: Holder) -> FolderLock:
             if e.errno in _BUSY:
                 raise FolderInUse(path, read_holder(path)) from None
             if e.errno in CANNOT_LOCK:
+                if not existed:  # a lock file nobody can hold says nothing: not left behind
+                    path.unlink(missing_ok=True)
                 name = errno.errorcode.get(e.errno or 0, e.errno)
                 return FolderLock(path, None, f"{e.strerror or e} ({name})", created)
             raise
@@ -159,4 +168,17 @@ def take(folder: str | Path, holder: Holder) -> FolderLock:
     record = (json.dumps(asdict(holder)) + "\n").encode("utf-8")
     os.pwrite(fd, record, 0)
     os.ftruncate(fd, len(record))  # written over, then cut: a reader never sees an empty file
-    return FolderLock(path, fd, created=created)
+    lock = FolderLock(path, fd, created=created)
+    _HELD.append(lock)
+    return lock
+
+
+_HELD: list[FolderLock] = []
+"""The locks this process holds, for :func:`release_all`."""
+
+
+def release_all() -> None:
+    """Let go of every folder this process holds: for a process about to end with ``os._exit`` (an
+    interrupted data preparation), which runs no ``finally`` block."""
+    for lock in list(_HELD):
+        lock.release()

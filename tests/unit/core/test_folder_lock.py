@@ -114,3 +114,41 @@ def test_only_the_main_process_holds_and_letting_go_leaves_a_new_folder_as_it_wa
     with run_dir.hold_folder(tmp_path / "b", "train.output_dir"):
         assert (tmp_path / "b" / folder_lock.LOCK_FILE).is_file()
     assert not (tmp_path / "b").exists()  # created for the lock, nothing else written: removed
+
+
+def test_a_file_where_the_folder_should_be_is_one_line_naming_the_key(tmp_path):
+    from bert_mp.errors import ConfigError
+
+    (tmp_path / "run").write_text("not a folder")
+    with (
+        pytest.raises(
+            ConfigError, match=r"^train.output_dir=.*/run: cannot hold it as a run folder \(\[Errno 17\]"
+        ),
+        run_dir.hold_folder(tmp_path / "run", "train.output_dir"),
+    ):
+        pass
+
+
+def test_a_refused_or_failed_command_leaves_the_folders_as_it_found_them(tmp_path):
+    """The run guard's refusals come before a lock file is made where there is none (the folder's
+    own mtime unchanged); folders made for the lock go again with it; ``release_all`` (before an
+    ``os._exit``) lets go of every folder held."""
+    from bert_mp.errors import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    before = run.stat().st_mtime_ns
+
+    def refuse() -> None:
+        raise ConfigError("train.output_dir=run already holds a run")
+
+    with pytest.raises(ConfigError), run_dir.hold_folder(run, "train.output_dir", check=refuse):
+        pass
+    assert run.stat().st_mtime_ns == before and sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+    with pytest.raises(RuntimeError), run_dir.hold_folder(tmp_path / "runs" / "a" / "b", "train.output_dir"):
+        raise RuntimeError("a mistake found after the lock")
+    assert not (tmp_path / "runs").exists()
+    held = folder_lock.take(tmp_path / "c", folder_lock.me())
+    folder_lock.release_all()
+    assert held.fd is None and not (tmp_path / "c").exists()
