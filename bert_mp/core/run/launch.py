@@ -212,7 +212,7 @@ def _outcome(
     if failures := parse_failures(text):
         resume = continue_command(ctx.argv, ctx.command) if ctx.command in ctx.argv else None
         run_dir = str(log.path.parent) if log.path is not None else None
-        line = rank_death_line(culprit(failures), run_dir, checkpoint, resume or "", log.keep())
+        line = rank_death_line(culprit(failures), run_dir, checkpoint, resume, log.keep())
         _say(f"bert-mp launch: error: {line}")
         return RANK_DIED_EXIT_CODE
     if ctx.machines is not None and (line := join_failure(text, ctx.machines, ctx.join_timeout)):

@@ -137,17 +137,18 @@ def continue_command(argv: Sequence[str], command: str) -> str:
 
 
 def rank_death_line(
-    failure: RankFailure, run_dir: str | None, checkpoint: str | None, resume: str, log: Path | None
+    failure: RankFailure, run_dir: str | None, checkpoint: str | None, resume: str | None, log: Path | None
 ) -> str:
     """``rank R (pid P on H) was killed by SIGKILL after step N ...``: what, when, how to continue."""
     line = f"rank {failure.rank} (pid {failure.pid} on {failure.host}) {failure.how()}"
     step = last_logged_step(Path(run_dir)) if run_dir else None
     line += f" after step {step} (the last one logged)" if step is not None else " before its first step"
     line += "; torch elastic ended the other ranks"
+    again = f"`{resume}`" if resume else "the same launch and <command>.resume=latest"
     line += (
-        f"; the last checkpoint saved is {checkpoint}; continue the run with `{resume}`"
+        f"; the last checkpoint saved is {checkpoint}; continue the run with {again}"
         if checkpoint
-        else f"; no checkpoint was saved; start it again with `{resume}`"
+        else f"; no checkpoint was saved; start it again with {again}"
     )
     return line + (f"; what the ranks and the launcher wrote: {log}" if log else "")
 

@@ -119,10 +119,10 @@ Failures:
 [1]:
   time      : 2026-11-28_19:37:58
   host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 6928)
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 6929)  (SIGKILL)
   error_file: <N/A>
-  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+  traceback : Signal 9 (SIGKILL) received by PID 6929
 ------------------------------------------------------
 Root Cause (first observed failure):
 [0]:
@@ -132,13 +132,6 @@ Root Cause (first observed failure):
   exitcode  : 1 (pid: 6928)
   error_file: <N/A>
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-[1]:
-  time      : 2026-11-28_19:37:58
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 6929)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 6929
 ======================================================
 """
 """Torch elastic's report after rank 1 was killed, the survivor's collective error named the root cause."""
@@ -187,10 +180,13 @@ def test_the_rank_that_died_first_is_named_whatever_torch_elastic_calls_the_root
     from bert_mp.core.run.launch_report import culprit, parse_failures
 
     failures = parse_failures(ELASTIC_TABLE)
-    assert [(f.rank, f.exitcode, f.root) for f in failures] == [(0, 1, False), (0, 1, True), (1, -9, True)]
+    assert [(f.rank, f.exitcode, f.pid, f.root) for f in failures] == [
+        (1, -9, 6929, False),
+        (0, 1, 6928, True),
+    ]
     assert culprit(failures).rank == 1  # SIGKILL, not the survivor's collective error
-    ended = [f for f in failures if f.exitcode == 1]
-    assert culprit(ended).exitcode == 1 and culprit(ended).root  # an error of its own: the root cause
+    closed = parse_failures(ELASTIC_TABLE.replace("-9 (pid: 6929)  (SIGKILL)", "-15 (pid: 6929)  (SIGTERM)"))
+    assert culprit(closed).rank == 0  # ended by the agent: the other one's error is the cause
     assert parse_failures("Traceback (most recent call last):\nValueError: boom\n") == []
 
 
