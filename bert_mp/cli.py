@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
     console.set_command(ns.command)
+    if ns.command in THREADED:
+        console.guard_stderr_under_launch()  # a rank whose launcher is killed still finishes and saves
     warnings.formatwarning = _format_warning
     quiet_libraries(debug)
     module_name, func_name, _ = COMMANDS[ns.command]
@@ -188,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             return int(func(ns.selector) or 0)
         config, overrides = split_config_args(ns.args)
         kwargs = {"force": ns.force} if ns.command == "prepare" else {}
-        return int(func(config, overrides, **kwargs) or 0)
+        code = int(func(config, overrides, **kwargs) or 0)
+        if ns.command in THREADED:
+            console.ended(code)  # under bert-mp launch: its exit code, without torch elastic's report
+        return code
     except BertMPError as e:
         if debug:
             raise

@@ -40,10 +40,6 @@ class Interrupted(KeyboardInterrupt):
         return f"bert-mp {command}: interrupted ({name})" + (f"; {self.detail}" if self.detail else "")
 
 
-class LaunchError(BertMPError, RuntimeError):
-    """The machines of a multi-machine launch did not all meet in time: nothing started (exit 2)."""
-
-
 class StorageError(TrainingError):
     """A write failed (disk full, I/O error, permissions): the partial output was removed and what was
     complete before is intact. The CLI exits with ``exit_code`` (4); a training run records it as

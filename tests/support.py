@@ -418,9 +418,18 @@ def run_unpadded_batch(model: Any, batch: dict) -> tuple[Any, Any, Any]:
     )
 
 
-def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m bert_mp ARGS`` in a fresh process, offline, output captured."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+def run_cli(
+    *args: str, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m bert_mp ARGS`` in a fresh process, offline, output captured (``env``: instead of
+    this process's environment, offline)."""
+    if env is None:
+        env = {
+            **os.environ,
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+        }
     return subprocess.run(
         [sys.executable, "-m", "bert_mp", *args],
         cwd=cwd,
@@ -428,6 +437,22 @@ def run_cli(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def start_cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``python -m bert_mp ARGS`` started in its own session (:func:`own_session`: its process group is
+    killed when the test ends, however it ends), stdout and stderr piped."""
+    return own_session(
+        subprocess.Popen(
+            [sys.executable, "-m", "bert_mp", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
     )
 
 

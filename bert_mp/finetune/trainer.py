@@ -33,7 +33,7 @@ from bert_mp.core.loop.epochs import epoch_order
 from bert_mp.core.loop.numerics_guard import NumericsGuard
 from bert_mp.core.loop.run_log import RunLog
 from bert_mp.core.loop.skeleton import TrainingLoop
-from bert_mp.core.loop.state import BatchGeometry, exit_code, outcome_line, signal_flag
+from bert_mp.core.loop.state import BatchGeometry, exit_code, outcome_line
 from bert_mp.core.numerics.hessian import HessianEstimator
 from bert_mp.core.numerics.optimizers import Schedule, build_optimizer, build_scheduler
 from bert_mp.core.numerics.precision import install_scaler
@@ -41,7 +41,6 @@ from bert_mp.core.numerics.subnormal import apply_flush_denormal
 from bert_mp.core.run import console
 from bert_mp.core.run.accelerator import build_accelerator, resolve_plan
 from bert_mp.core.run.conditions import announce_start
-from bert_mp.core.run.run_dir import check_output_dir
 from bert_mp.core.run.strategy import resolve_strategy
 from bert_mp.core.storage.disk import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError
@@ -131,15 +130,21 @@ class FineTuner(TrainingLoop):
         self.t_start = time.perf_counter()
 
     # ---- set-up ------------------------------------------------------------------------------------
+    def check_run_folder(self) -> None:
+        """The shared run-folder check, then where the weights and the tokenizer come from: before the
+        run folder (and a missing ``runs/`` above it) is made for its lock, which would turn a Hub
+        name such as ``runs/name`` into a local path."""
+        super().check_run_folder()
+        ft = self.ft
+        self.ckpt = resolve_checkpoint(ft.checkpoint)
+        self.tok_ref = resolve_tokenizer(ft.tokenizer) if ft.tokenizer else self.ckpt
+
     def set_up(self) -> None:
         """Checkpoint and precision checks first (no data work before them), then data, model, loop."""
         from accelerate import PartialState
         from transformers import BertConfig
 
-        ft = self.ft
-        self.config_changes = check_output_dir(self.cfg, ft)
-        self.ckpt = resolve_checkpoint(ft.checkpoint)
-        self.tok_ref = resolve_tokenizer(ft.tokenizer) if ft.tokenizer else self.ckpt
+        ft = self.ft  # the run folder and the checkpoint were checked before (check_run_folder)
         self.tokenizer = load_tokenizer(self.tok_ref)
         # The length the model is trained and selected at travels with the exported tokenizer, so
         # predict and pipeline(..., truncation=True) cut where fine-tuning cut.
@@ -267,7 +272,7 @@ class FineTuner(TrainingLoop):
             logits = self.model(**batch).logits
         loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
         # one reduction per step: the loss every rank judges the same way, and the stop flag
-        flag = signal_flag(s.pending_signal)
+        flag = self.stop_flag()  # a signal caught here, or the launcher gone
         total_loss, stop = acc.reduce(
             torch.stack([loss.detach(), torch.tensor(flag, device=loss.device)]), "sum"
         ).tolist()

@@ -44,7 +44,6 @@ from bert_mp.core.loop.state import (  # the exit codes are re-exported: `bert-m
     BatchGeometry,
     exit_code,
     outcome_line,
-    signal_flag,
 )
 from bert_mp.core.numerics.hessian import HessianEstimator
 from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler, describe_optimizer
@@ -141,8 +140,7 @@ class Trainer(TrainingLoop):
     # ---- set-up ------------------------------------------------------------------------------------
     def set_up(self) -> None:
         """Accelerator, batch geometry and data, then model, optimizer and scheduler."""
-        tc = self.tc
-        self.config_changes = check_output_dir(self.cfg, tc)  # before any work
+        tc = self.tc  # the run folder was checked before any work (check_run_folder)
         self.total_steps = self.final_eval_step = tc.max_steps
         self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
         apply_flush_denormal(self.cfg.hardware.flush_denormal)
@@ -237,6 +235,10 @@ class Trainer(TrainingLoop):
         self.guard = NumericsGuard.for_loop(tc, self.scaler, warmup_key="warmup_steps")
         self.sync_each_step = syncs_each_step(tc.metrics_sync, acc.device)
         self.pending = DeviceStepMetrics(keys=(*StepTotals.names(), "grad_norm"), log_every=tc.log_every)
+
+    def check_run_folder(self) -> None:
+        """The shared run-folder check, then: a resume onto rebuilt prepared data is refused."""
+        self.config_changes = check_output_dir(self.cfg, self.tc)
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:
@@ -376,7 +378,7 @@ class Trainer(TrainingLoop):
         micro = [next(self.batches) for _ in range(self.geometry.accumulation)]
         wait = time.perf_counter() - wait
         local = forward_backward(self.model, micro, self.accelerator, self.plan, self.geometry.per_rank)
-        local["stop_flag"] = device_scalar(signal_flag(s.pending_signal), self.accelerator.device)
+        local["stop_flag"] = device_scalar(self.stop_flag(), self.accelerator.device)
         reduced = StepTotals.reduce(local, self.accelerator)  # stays on the device
         stop = False
         if self.sync_each_step:  # read now: a non-finite loss stops before its optimizer step

@@ -37,7 +37,7 @@ from bert_mp.core.config import (
     save_config,
 )
 from bert_mp.core.run.launch import accelerate_launch, launcher_env
-from bert_mp.core.run.run_dir import config_changes, describe_changes
+from bert_mp.core.run.run_dir import config_changes, describe_changes, hold_folder
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (
@@ -490,16 +490,22 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def command(config_path: str | None, overrides: list[str]) -> int:
     """CLI entry: ``bert-mp sweep CONFIG.yaml [key=value ...]``."""
-    from bert_mp.sweep import report
-
     cfg, base_path = load_sweep_config(config_path, overrides)
     sweep = Sweep(cfg, base_path, Path(config_path) if config_path else None)
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        sweep.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    root = sweep.root
+    # one sweep per folder (each run's `bert-mp train` holds its own folder under runs/ besides)
+    with hold_folder(cfg.sweep.output_dir, "sweep.output_dir", "sweep"):
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            sweep.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return _finish(cfg, sweep.root)
+
+
+def _finish(cfg: Config, root: Path) -> int:
+    """The report of a finished sweep (unless ``sweep.report=false``) and its verdict lines."""
+    from bert_mp.sweep import report
+
     if not cfg.sweep.report:
         print(f"bert-mp sweep: done -> {root} (report disabled; `bert-mp report {root}` writes it)")
         return 0

@@ -224,7 +224,7 @@ def _tmp_folders(ckpt_dir: Path) -> list[Path]:
     return [p for p in ckpt_dir.iterdir() if p.name.startswith(".tmp-step_")]
 
 
-def _wait_held(proc: subprocess.Popen, ready: Path) -> bool:
+def wait_held(proc: subprocess.Popen, ready: Path) -> bool:
     """Until the process holds at its point (True: ``ready`` exists) or exits (False). Waiting on the
     process is the poll interval: no sleep, and its exit is seen at once."""
     deadline = time.monotonic() + CHILD_TIMEOUT_S
@@ -255,7 +255,7 @@ def interrupt(runner: Runner, cfg_path: Path, out_dir: Path, rec: KillRecord, lo
     ready = out_dir.with_name(f"{out_dir.name}.held")
     ready.unlink(missing_ok=True)
     proc = runner.start(cfg_path, log, {hold.HOLD_ENV: hold_point(rec), hold.READY_ENV: str(ready)})
-    hit = _wait_held(proc, ready)
+    hit = wait_held(proc, ready)
     if hit:
         proc.send_signal(signal.SIGKILL if rec.signal == "SIGKILL" else signal.SIGTERM)
     rec.returncode = proc.wait(timeout=CHILD_TIMEOUT_S)

@@ -16,12 +16,11 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from support import hold_env, make_tokenizer, own_session, run_cli, wait_held
+from support import hold_env, make_tokenizer, run_cli, start_cli, wait_held
 
 from bert_mp.core.config import load_config
 from bert_mp.pretrain.trainer import train
@@ -126,16 +125,7 @@ def start(args: list[str], cwd: Path, **env: str | None) -> subprocess.Popen:
             full.pop(k, None)
         else:
             full[k] = v
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bert_mp", *args],
-        cwd=cwd,
-        env=full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    return own_session(proc)  # killed with its group when the test ends, however it ends
+    return start_cli(*args, cwd=cwd, env=full)  # killed with its group when the test ends, however it ends
 
 
 def session_processes(sid: int) -> list[str]:

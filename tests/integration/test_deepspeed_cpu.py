@@ -81,3 +81,28 @@ def test_zero_matches_one_process_and_states_its_stage(runs, name, stage):
     # each rank saved its own partition of the optimizer state
     parts = sorted(p.name for p in (runs[name] / "checkpoints").glob("step_*/pytorch_model/*optim_states.pt"))
     assert len(parts) == 2, parts
+
+
+def test_a_flipped_byte_in_a_ranks_optimizer_partition_is_found_and_latest_falls_back(runs, tmp_path):
+    """DeepSpeed's own files sit under bert_mp's manifest like any other: a flipped byte in one rank's
+    partition makes ``train.resume=latest`` skip that checkpoint with one line, for the one before."""
+    import shutil
+    import warnings
+
+    from bert_mp.core.checkpoint import store as ckpt
+
+    saved = runs["zero2"] / "checkpoints" / ckpt.checkpoint_name(STEPS)
+    older, newest = tmp_path / ckpt.checkpoint_name(2), tmp_path / ckpt.checkpoint_name(STEPS)
+    shutil.copytree(saved, older)
+    shutil.copytree(saved, newest)
+    part = sorted(newest.glob("pytorch_model/*optim_states.pt"))[-1]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert ckpt.resolve_resume("latest", tmp_path) == older
+    assert [str(w.message) for w in said] == [
+        f"skipping checkpoint {newest}: {part.relative_to(newest).as_posix()} does not match its checksum "
+        "(corrupted or altered since it was written)"
+    ]

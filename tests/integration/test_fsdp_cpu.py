@@ -4,7 +4,8 @@ One process, then 2 and 4 under ``configs/accelerate/fsdp.yaml``, the same globa
 step's loss and gradient norm (before clipping: a gradient summed instead of averaged over the ranks,
 pytorch issue #162338, would show there and hide in the loss behind Adam), the evaluation, and the
 exported weights agree within fp32 tolerance. The sharded checkpoint verifies against bert_mp's
-manifest, resumes bit-identically, and ``bert-mp export`` turns it into the same Hugging Face folder.
+manifest (a flipped byte in a shard is found, and a resume falls back past it), resumes
+bit-identically, and ``bert-mp export`` turns it into the same Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -109,15 +110,34 @@ def test_a_flipped_bit_in_a_shard_is_found_before_anything_loads(runs, tmp_path)
     )
 
 
-def test_fsdp_resumes_bit_identically_in_fresh_processes(runs, tmp_path):
-    """2 steps, stop (a checkpoint of shards), a fresh launch resumes for 2 more: every logged loss
-    and every exported weight equal to the straight 4-step run, to the bit."""
+def test_fsdp_resumes_bit_identically_in_fresh_processes_past_a_damaged_shard(runs, tmp_path):
+    """3 steps, stop (checkpoints of shards at 2 and 3); a byte of the newest checkpoint's last shard
+    flipped; a fresh launch with ``train.resume=latest`` skips that checkpoint with one warning naming
+    the shard, resumes from step 2 and runs to 4: every logged loss and every exported weight equal to
+    the straight 4-step run, to the bit (the plain case: tests/unit/pretrain/test_faults.py)."""
     parts = tmp_path / "parts"
     launch_config(
-        _config(parts), runs["data"], 2, options=FSDP, stop_at=2, codes=(1,)
+        _config(parts), runs["data"], 2, options=FSDP, stop_at=3, codes=(1,)
     )  # a stopped run exits 3
     assert json.loads((parts / "summary.json").read_text())["status"] == "stopped"
-    launch_config(_config(parts, resume="latest"), runs["data"], 2, options=FSDP)
+    newest = parts / "checkpoints" / ckpt.checkpoint_name(3)
+    shard = sorted((newest / SHARDED_DIR).iterdir())[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    proc = launch_config(_config(parts, resume="latest"), runs["data"], 2, options=FSDP)
+    # one warning per process here (the test's script, not bert-mp's CLI, which prints rank 0's only)
+    said = {
+        line.split("BertMPWarning: ")[-1]
+        for line in proc.stderr.splitlines()
+        if "skipping checkpoint" in line
+    }
+    assert said == {
+        f"skipping checkpoint {newest}: {SHARDED_DIR}/{shard.name} does not match its checksum "
+        "(corrupted or altered since it was written)"
+    }, proc.stderr[-3000:]
+    summary = json.loads((parts / "summary.json").read_text())
+    assert summary["resumed_from"] == str(parts / "checkpoints" / ckpt.checkpoint_name(2))
     straight, resumed = _rows(runs["fsdp2"])[0], _rows(parts)[0]
     assert [r["loss/total"] for r in resumed] == [r["loss/total"] for r in straight]
     assert [r["optim/grad_norm"] for r in resumed] == [r["optim/grad_norm"] for r in straight]

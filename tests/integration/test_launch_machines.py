@@ -26,7 +26,7 @@ from support import (
     hold_env,
     launch_env,
     launch_project,
-    own_session,
+    start_cli,
     wait_held,
 )
 
@@ -66,17 +66,7 @@ def _machine(
     args = ["launch", "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
     args += ["--main_process_port", str(port), "--num_processes", "4", *options]
     args += ["train", *TRAIN, f"train.output_dir={out}", *overrides]
-    return own_session(  # killed with its group when the test ends, however it ends
-        subprocess.Popen(
-            [sys.executable, "-m", "bert_mp", *args],
-            cwd=project,
-            env=env or launch_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-    )
+    return start_cli(*args, cwd=project, env=env or launch_env())
 
 
 def _losses(folder: Path) -> list[float]:
@@ -164,17 +154,7 @@ def test_fsdp_launch_stops_on_sigterm_with_a_sharded_checkpoint_and_exit_143(pro
     fsdp = str(ROOT / "configs" / "accelerate" / "fsdp.yaml")
     args = ["launch", "--config_file", fsdp, "--num_processes", "2", "--main_process_port", str(free_port())]
     args += ["train", *TRAIN, "train.output_dir=fsdp_sig", "train.max_steps=100000"]
-    proc = own_session(
-        subprocess.Popen(
-            [sys.executable, "-m", "bert_mp", *args],
-            cwd=project,
-            env=launch_env(**hold_env("step:2", ready)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-    )
+    proc = start_cli(*args, cwd=project, env=launch_env(**hold_env("step:2", ready)))
     wait_held(proc, ready)
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=600)

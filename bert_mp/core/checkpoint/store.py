@@ -25,6 +25,7 @@ import torch
 
 from bert_mp.core.checkpoint import state_codec as state_io
 from bert_mp.core.checkpoint.hf_folder import CHECKSUMS, finish_hf_folder
+from bert_mp.core.run import console
 from bert_mp.core.run.hold import hold
 from bert_mp.core.storage import checksums as integrity
 from bert_mp.core.storage import disk as storage
@@ -250,6 +251,7 @@ def _finish_folder(
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     integrity.remember(final, MARKER)
+    console.tell_launcher(console.CHECKPOINT_NOTE, final)  # named if a rank dies later
     rotate(final.parent, total_limit)
 
 

@@ -2,10 +2,11 @@
 
 :class:`TrainingLoop` owns the order of a run and the parts both products run the same way:
 
-- :meth:`~TrainingLoop.run`: set up, restore, write ``config.yaml`` (after the restore, so a refused
-  resume leaves it as it was), start, then step until done or stopped, with SIGTERM / SIGINT turned
-  into a stop after the current step and the ``step`` hold point for tests; a :class:`TrainingError`
-  writes a ``failed`` summary and propagates;
+- :meth:`~TrainingLoop.run`: hold the run folder (one writer: its lock, then its checks,
+  :meth:`~TrainingLoop.check_run_folder`), set up, restore, write ``config.yaml`` (after the restore,
+  so a refused resume leaves it as it was), start, then step until done or stopped, with SIGTERM /
+  SIGINT (or the launcher gone) turned into a stop after the current step and the ``step`` hold point
+  for tests; a :class:`TrainingError` writes a ``failed`` summary and propagates;
 - :meth:`~TrainingLoop.update`, the block after a backward: Sophia's Hessian estimate when due, the
   optimizer step, a signal stop, the numerics guard's skip accounting, then the scheduler and the step
   count (a step the fp16 scaler skipped advances neither);
@@ -22,17 +23,19 @@ and :meth:`~TrainingLoop.summary_extras`; hooks with a default: ``on_start``, ``
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bert_mp.core.loop.state import LoopState, flag_signal, stop_on_signals
+from bert_mp.core.loop.state import LoopState, flag_signal, signal_flag, stop_on_signals, stop_reason
 from bert_mp.core.loop.update import optimizer_step
 from bert_mp.core.numerics.precision import library_versions
 from bert_mp.core.numerics.subnormal import state_tensors
+from bert_mp.core.run.console import tell_launcher_the_run_folder
 from bert_mp.core.run.hold import hold
-from bert_mp.core.run.machines import relay_stop
-from bert_mp.core.run.run_dir import announce_resume
+from bert_mp.core.run.launcher import LAUNCHER_GONE, LauncherWatch, relay_stop
+from bert_mp.core.run.run_dir import announce_resume, check_output_dir, hold_run_folder
 from bert_mp.errors import TrainingError
 
 if TYPE_CHECKING:
@@ -84,6 +87,8 @@ class TrainingLoop(abc.ABC):
     """The step whose evaluation a resume from the final checkpoint logs again (pretraining's)."""
     resumed_from: str | None
     """The checkpoint folder this run continued from, or None."""
+    launcher: LauncherWatch = LauncherWatch(None)
+    """This rank's ``bert-mp launch`` (a run under it stops once it is gone; never without one)."""
 
     def __init__(self, cfg: Config, section: LoopConfig) -> None:
         self.cfg, self.section = cfg, section
@@ -92,21 +97,33 @@ class TrainingLoop(abc.ABC):
 
     def run(self) -> dict[str, Any]:
         """Set up, restore, start, then step until done or stopped; end. Returns summary.json's content."""
-        self.set_up()
-        self.restore()
-        self.log.write_config()  # after the restore: a refused resume leaves config.yaml as it was
-        self.start()
-        try:
-            with stop_on_signals(self.state):
-                while self.state.step < self.total_steps and not self.state.stop_reason:
-                    self.train_step()
-                    hold("step", self.state.step)  # tests only: stop here until signalled
-        except TrainingError as e:
-            self.finish("failed", error=str(e))
-            raise
-        return self.end()
+        # one writer per run folder, from before any work until the run ends (the main process)
+        with (
+            hold_run_folder(self.section, check=self.check_run_folder),
+            contextlib.closing(LauncherWatch.from_env()) as launcher,
+        ):
+            self.launcher = launcher
+            self.set_up()
+            tell_launcher_the_run_folder(self.section.output_dir)
+            self.restore()
+            self.log.write_config()  # after the restore: a refused resume leaves config.yaml as it was
+            self.start()
+            try:
+                with stop_on_signals(self.state):
+                    while self.state.step < self.total_steps and not self.state.stop_reason:
+                        self.train_step()
+                        hold("step", self.state.step)  # tests only: stop here until signalled
+            except TrainingError as e:
+                self.finish("failed", error=str(e))
+                raise
+            return self.end()
 
     # ---- what a product builds and runs ------------------------------------------------------------
+    def check_run_folder(self) -> None:
+        """Before any work, with the run folder held: refuse a silent reuse of it (or a resume that
+        changes the weights' shape) and keep a resume's allowed config changes. Only reads."""
+        self.config_changes = check_output_dir(self.cfg, self.section)
+
     @abc.abstractmethod
     def set_up(self) -> None:
         """Build the run's parts: accelerator, data, model, optimizer, scheduler, guard, checkpointer, log."""
@@ -193,12 +210,21 @@ class TrainingLoop(abc.ABC):
             s.step += 1
         return lr, grad_norm, skipped
 
-    def stop_for_signal(self, flag: float = 0.0) -> None:
-        """End the run after this step: a signal arrived here, or (the all-reduced ``flag``, which names
-        it: :func:`bert_mp.core.loop.state.flag_signal`) on another rank."""
+    def stop_flag(self) -> float:
+        """This rank's part of the step's all-reduced stop flag, at the step boundary: a signal caught
+        here, or this rank's ``bert-mp launch`` gone (checked now: one ``select``)."""
         s = self.state
-        name = s.pending_signal or flag_signal(flag) or "on another rank"
-        s.stop_reason = s.stop_reason or f"signal {name}"
+        if s.pending_signal is None and self.launcher.gone():
+            s.pending_signal = LAUNCHER_GONE
+        return signal_flag(s.pending_signal)
+
+    def stop_for_signal(self, flag: float = 0.0) -> None:
+        """End the run after this step: a signal arrived here (or the launcher is gone), or (the
+        all-reduced ``flag``, which names the cause: :func:`bert_mp.core.loop.state.flag_signal`) on
+        another rank."""
+        s = self.state
+        cause = s.pending_signal or flag_signal(flag)
+        s.stop_reason = s.stop_reason or (stop_reason(cause) if cause else "signal on another rank")
 
     # ---- save and end ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -219,8 +245,14 @@ class TrainingLoop(abc.ABC):
         self.flush()
         self.log.close_bar()
         if self.state.stop_reason:
-            self.save()
-            summary = self.finish("stopped")
+            with stop_on_signals(
+                self.state
+            ):  # a second signal (a launcher passing one on) waits for the save
+                self.save()
+                summary = self.finish("stopped")
+                # no rank exits before the summary is written: torch elastic's agent ends the other
+                # ranks once one has exited with a stopped run's code
+                self.accelerator.wait_for_everyone()
             # a signal that reached another machine: this machine's launcher ends the same way
             relay_stop(self.state.pending_signal, self.state.stop_reason)
             return summary

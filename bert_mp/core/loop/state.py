@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bert_mp.core.run.launcher import LAUNCHER_GONE
 from bert_mp.errors import ConfigError
 
 _NOT_CHECKPOINTED = ("stop_reason", "pending_signal")
@@ -36,7 +37,8 @@ class LoopState:
     stop_reason: str | None = None
     """Set by a callback (or a signal): the loop saves and stops after the current step."""
     pending_signal: str | None = None
-    """A SIGTERM/SIGINT arrived; shared with every rank at the next step's all-reduce."""
+    """A SIGTERM/SIGINT arrived, or this rank's launcher is gone (``launcher gone``); shared with every
+    rank at the next step's all-reduce."""
 
     def state_dict(self) -> dict:
         d = asdict(self)
@@ -122,9 +124,10 @@ def stop_on_signals(state: LoopState) -> Iterator[None]:
             signal.signal(s, h)
 
 
-_FLAG_OF = {"SIGINT": 1.0, "SIGTERM": 1024.0}
-"""A rank's stop flag per signal: the all-reduced sum still tells which signal any rank got (SIGTERM
-wins) for up to 1023 ranks, so every rank records the signal that stopped the run."""
+_FLAG_OF = {"SIGINT": 1.0, "SIGTERM": 1024.0, LAUNCHER_GONE: 1048576.0}
+"""A rank's stop flag per cause: the all-reduced sum still tells which cause any rank met (a launcher
+gone wins over SIGTERM, SIGTERM over SIGINT) for up to 1023 ranks, so every rank records the same
+stop reason (read by thresholds: a float32 sum's rounding never crosses one)."""
 
 
 def signal_flag(pending_signal: str | None) -> float:
@@ -133,10 +136,13 @@ def signal_flag(pending_signal: str | None) -> float:
 
 
 def flag_signal(total: float) -> str | None:
-    """The signal an all-reduced stop flag says some rank got (None: none, or not known)."""
-    if total >= _FLAG_OF["SIGTERM"]:
-        return "SIGTERM"
-    return "SIGINT" if total >= _FLAG_OF["SIGINT"] else None
+    """The cause an all-reduced stop flag says some rank met (None: none, or not known)."""
+    return next((name for name, flag in reversed(_FLAG_OF.items()) if total >= flag), None)
+
+
+def stop_reason(cause: str) -> str:
+    """summary.json's ``stop_reason`` for a stop cause: ``signal SIGTERM``, or ``launcher gone``."""
+    return cause if cause == LAUNCHER_GONE else f"signal {cause}"
 
 
 STOP_EXIT_CODES = {"signal SIGINT": 130, "signal SIGTERM": 143}

@@ -8,6 +8,7 @@ line comes from the data preparation that ``bert-mp train`` runs first).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -56,20 +57,36 @@ def show(line: str, *, file: TextIO | None = None) -> None:
 
 LAUNCH_ERRORS_ENV = "BERT_MP_LAUNCH_ERRORS"
 """Set by ``bert-mp launch`` for the processes it starts: a folder where a rank leaves its error line
-instead of printing it, so the launcher prints one rank's line, once, and exits with its code."""
+instead of printing it (so the launcher prints one rank's line, once, and exits with its code), the
+exit code of a run that ended otherwise than completed, and the run folder once the run holds it."""
+RUN_FOLDER_NOTE = "run_folder"
+"""The file in :data:`LAUNCH_ERRORS_ENV` that names the run folder (written once the run holds it)."""
+
+
+def _launch_folder() -> Path | None:
+    folder = os.environ.get(LAUNCH_ERRORS_ENV)
+    return Path(folder) if folder and Path(folder).is_dir() else None
+
+
+def _leave(name: str, text: str) -> None:
+    """A file for the launcher, whole or not at all."""
+    path = _launch_folder() / name  # type: ignore[operator]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _rank_file() -> str:
+    rank = next((os.environ[v] for v in _RANK_VARS if os.environ.get(v, "").isdigit()), "0")
+    return f"rank-{int(rank):06d}.json"
 
 
 def error(line: str, exit_code: int) -> None:
     """A command's one error line. Under ``bert-mp launch``: left for the launcher
     (:data:`LAUNCH_ERRORS_ENV`); otherwise on stderr in one write, so the lines of several ranks
     (a plain ``accelerate launch``) never run together."""
-    folder = os.environ.get(LAUNCH_ERRORS_ENV)
-    if folder and Path(folder).is_dir():
-        rank = next((os.environ[v] for v in _RANK_VARS if os.environ.get(v, "").isdigit()), "0")
-        path = Path(folder) / f"rank-{int(rank):06d}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"line": line, "exit_code": exit_code}), encoding="utf-8")
-        tmp.replace(path)  # the launcher reads it whole or not at all
+    if _launch_folder() is not None:
+        _leave(_rank_file(), json.dumps({"line": line, "exit_code": exit_code}))
         return
     data = line + "\n"
     try:
@@ -82,13 +99,87 @@ def error(line: str, exit_code: int) -> None:
     os.write(fd, data.encode("utf-8", errors="replace"))
 
 
-def launch_errors(folder: str | Path) -> list[tuple[str, int]]:
-    """The error lines the ranks left in ``folder`` (see :func:`error`), lowest rank first."""
-    out = []
+def ended(exit_code: int) -> None:
+    """Under ``bert-mp launch``: a rank's run ended with ``exit_code`` (not 0) and printed what it had
+    to say; the launcher exits with that code instead of showing torch elastic's report of it."""
+    if exit_code and _launch_folder() is not None:
+        _leave(_rank_file(), json.dumps({"line": None, "exit_code": exit_code}))
+
+
+RUN_FOLDER_NOTE, CHECKPOINT_NOTE = "run_folder", "last_checkpoint"
+"""Notes a run leaves in :data:`LAUNCH_ERRORS_ENV` for its launcher: the run folder, once the run
+holds it (the launcher keeps its log there), and the last checkpoint the run completed."""
+
+
+def tell_launcher(note: str, text: str | Path) -> None:
+    """Under ``bert-mp launch``: leave ``note`` for the launcher (the first process of each machine)."""
+    if _launch_folder() is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+        _leave(note, str(text))
+
+
+def tell_launcher_the_run_folder(output_dir: str | Path) -> None:
+    """Once the run holds its folder (see :data:`RUN_FOLDER_NOTE`)."""
+    tell_launcher(RUN_FOLDER_NOTE, Path(output_dir).absolute())
+
+
+def launcher_note(folder: str | Path, note: str) -> str | None:
+    """A note a run left in ``folder`` (:func:`tell_launcher`), or None."""
+    try:
+        return (Path(folder) / note).read_text(encoding="utf-8") or None
+    except OSError:
+        return None
+
+
+def launch_errors(folder: str | Path) -> list[tuple[str | None, int]]:
+    """What the ranks left in ``folder``, lowest rank first: each one's error line and exit code
+    (:func:`error`), or its exit code alone (:func:`ended`: its run printed its own last line)."""
+    out: list[tuple[str | None, int]] = []
     for path in sorted(Path(folder).glob("rank-*.json")):
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-            out.append((str(d["line"]), int(d["exit_code"])))
+            out.append((None if d["line"] is None else str(d["line"]), int(d["exit_code"])))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+class LauncherStream:
+    """``sys.stderr`` of a rank under ``bert-mp launch``. Its stderr is a pipe to the launcher; once the
+    launcher is gone (killed), a write to it raises ``BrokenPipeError`` - a progress bar's update
+    would then end the rank in the middle of the step it should finish and save. Here such a write
+    sends file descriptor 2 to ``/dev/null`` instead (for the C++ libraries too) and is dropped."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, self._stream.fileno())
+        finally:
+            os.close(null)
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()  # what was buffered goes to /dev/null now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def guard_stderr_under_launch() -> None:
+    """Under ``bert-mp launch`` (:data:`LAUNCH_ERRORS_ENV` set), wrap ``sys.stderr`` in
+    :class:`LauncherStream` (first thing: loggers and progress bars made later write through it)."""
+    if os.environ.get(LAUNCH_ERRORS_ENV) and not isinstance(sys.stderr, LauncherStream):
+        sys.stderr = LauncherStream(sys.stderr)  # type: ignore[assignment]

@@ -10,7 +10,26 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from bert_mp.core.run.launch_report import (
+    RANK_DIED_EXIT_CODE,
+    LauncherLines,
+    LaunchLog,
+    continue_command,
+    culprit,
+    parse_failures,
+    rank_death_line,
+)
+from bert_mp.core.run.machines import (
+    JOIN_TIMEOUT_S,
+    Machines,
+    join_failure,
+    machines_of,
+    pop_join_timeout,
+    rendezvous_options,
+)
 
 
 def accelerate_launch(
@@ -92,22 +111,40 @@ def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
     :data:`SHUTDOWN_TIMEOUT_S` unless the user set it."""
     import os
 
-    from bert_mp.core.run.machines import LAUNCHER_PID_ENV
+    from bert_mp.core.run.launcher import LAUNCHER_PID_ENV
 
     env = dict(environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    env[LAUNCHER_PID_ENV] = str(os.getpid())  # where a stop that reached another machine is passed on
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # watched by the ranks; where a relayed stop is passed on
     return env
 
 
-def run_launcher(argv: Sequence[str]) -> int:
+@dataclass
+class LaunchContext:
+    """What ``bert-mp launch`` knows beyond the launcher's command line: its own arguments (for the
+    log and the command that continues a run), the command launched, and its machines."""
+
+    argv: Sequence[str] = ()
+    command: str = "train"
+    machines: Machines | None = None
+    join_timeout: float = JOIN_TIMEOUT_S
+
+    @property
+    def log_name(self) -> str:
+        return "launch.log" if self.machines is None else f"launch-machine{self.machines.rank}.log"
+
+
+def run_launcher(argv: Sequence[str], context: LaunchContext | None = None) -> int:
     """Run ``argv`` (an ``accelerate launch``) in its own process group and pass it every SIGINT or
     SIGTERM this process gets, once. After a signal the ranks save and stop, each printing as a plain
     ``bert-mp train`` would (the main rank's line), and this returns 128 + signal. A rank that ends
     with a mistake in the input leaves its one line for this process (``console.error``): the lowest
-    rank's line is printed once and its exit code returned (2, or 4 for a refused write). Either way
-    the launcher's own report of what happened (a traceback, exit 1) is dropped; anything else the
-    launcher or a rank wrote on stderr meanwhile is shown."""
+    rank's line is printed once and its exit code returned (2, or 4 for a refused write); a run that
+    stopped leaves its exit code (``console.ended``). A rank that died (a signal, a crash) is one line
+    (:mod:`.launch_report`), exit :data:`RANK_DIED_EXIT_CODE`; machines that did not meet are one line,
+    exit 2. The launcher's own report of what happened (a traceback, exit 1) is dropped then; anything
+    else the launcher or a rank wrote on stderr meanwhile is shown. All of it is kept in the run
+    folder's ``launch.log``."""
     import contextlib
     import os
     import signal
@@ -116,6 +153,8 @@ def run_launcher(argv: Sequence[str]) -> int:
 
     from bert_mp.core.run import console
 
+    ctx = context or LaunchContext()
+    log = LaunchLog(ctx.argv, ctx.log_name)
     with tempfile.TemporaryDirectory(prefix="bert-mp-launch-") as errors:
         env = {**launcher_env(os.environ), console.LAUNCH_ERRORS_ENV: errors}
         # its own group: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
@@ -128,31 +167,64 @@ def run_launcher(argv: Sequence[str]) -> int:
                 os.kill(proc.pid, signum)
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        held: list[str] = []
+        lines = LauncherLines()
         try:
             for line in proc.stderr:  # type: ignore[union-attr]
-                ended = caught or any(Path(errors).iterdir())  # a signal, or a rank's error: hold the rest
-                if ended and not line.startswith("bert-mp "):
-                    held.append(line)  # judged once the launcher has ended
-                    continue
-                sys.stderr.write(line)
+                log.write(line)
+                if log.path is None and (folder := console.launcher_note(errors, console.RUN_FOLDER_NOTE)):
+                    log.attach(Path(folder))
+                ending = bool(caught) or any(Path(errors).glob("rank-*.json"))
+                sys.stderr.writelines(lines.take(line, ending))
                 sys.stderr.flush()
             code = proc.wait()
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+            log.close()
         reported = console.launch_errors(errors)
-    if code == 0 or not (caught or reported):
+        checkpoint = console.launcher_note(errors, console.CHECKPOINT_NOTE)
+    return _outcome(code, caught, reported, lines.rest(), ctx, log, checkpoint)
+
+
+def _outcome(
+    code: int,
+    caught: list[int],
+    reported: list[tuple[str | None, int]],
+    held: list[str],
+    ctx: LaunchContext,
+    log: LaunchLog,
+    checkpoint: str | None,
+) -> int:
+    """What the launch says and returns once its launcher has ended (see :func:`run_launcher`)."""
+    text = "".join(held)
+    launcher_report = any(report in text for report in _LAUNCHER_REPORTS)
+    if code != 0 and (caught or reported) and launcher_report:
+        held = []  # the launcher's report of a signal or of the ranks' own lines: in the log only
+    if code == 0 or caught:
         sys.stderr.writelines(held)
-        return code
-    if not any(report in line for line in held for report in _LAUNCHER_REPORTS):
-        sys.stderr.writelines(held)  # not the launcher's own report: show it all
-    if caught:
-        return 128 + caught[0]
-    line, rank_code = reported[0]
+        return 128 + caught[0] if caught and code != 0 else code
+    if reported:
+        sys.stderr.writelines(held)
+        line, rank_code = next(((ln, c) for ln, c in reported if ln is not None), reported[0])
+        if line is not None:
+            _say(line)
+        return rank_code
+    if failures := parse_failures(text):
+        resume = continue_command(ctx.argv, ctx.command) if ctx.command in ctx.argv else None
+        run_dir = str(log.path.parent) if log.path is not None else None
+        line = rank_death_line(culprit(failures), run_dir, checkpoint, resume, log.keep())
+        _say(f"bert-mp launch: error: {line}")
+        return RANK_DIED_EXIT_CODE
+    if ctx.machines is not None and (line := join_failure(text, ctx.machines, ctx.join_timeout)):
+        _say(f"bert-mp launch: error: {line}")
+        return 2
+    sys.stderr.writelines(held)
+    return code
+
+
+def _say(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
-    return rank_code
 
 
 def command(argv: Sequence[str]) -> int:
@@ -162,14 +234,13 @@ def command(argv: Sequence[str]) -> int:
         return 0
     import torch
 
-    from bert_mp.core.run.machines import machines_of, meet, pop_join_timeout
-
     options, cmd, args = split_launch_args(argv)
     join_timeout, options = pop_join_timeout(options)
     machines = machines_of(options)
-    if machines is not None:  # every machine present, or one line: before the launcher's rendezvous
-        meet(machines, join_timeout)
-    return run_launcher(launch_argv(options, cmd, args, cuda=torch.cuda.is_available()))
+    if machines is not None:  # the engine's rendezvous, with --join_timeout as its timeout
+        options = rendezvous_options(options, join_timeout)
+    context = LaunchContext(list(argv), cmd, machines, join_timeout)
+    return run_launcher(launch_argv(options, cmd, args, cuda=torch.cuda.is_available()), context)
 
 
 LAUNCH_HELP = """usage: bert-mp launch [ACCELERATE LAUNCH OPTIONS] {train,finetune} [CONFIG.yaml] [key=value ...]
@@ -177,9 +248,12 @@ LAUNCH_HELP = """usage: bert-mp launch [ACCELERATE LAUNCH OPTIONS] {train,finetu
 Runs `accelerate launch ... -m bert_mp COMMAND ...`. Without CUDA, `--num_processes N` starts N CPU
 processes (gloo); a plain `accelerate launch --cpu --num_processes N` starts one. Ctrl-C or SIGTERM
 is passed to the launcher once; the ranks finish their step, save a checkpoint and stop, and this
-exits 130 / 143 with the run's one stopped line (not torch elastic's traceback and exit 1).
-With --num_machines N the machines meet first: one that has not come within --join_timeout SECONDS
-(default 300) ends the others with one line, exit 2."""
+exits 130 / 143 with the run's one stopped line (not torch elastic's traceback and exit 1). A rank
+that dies (SIGKILL, a segfault) ends the launch with one line naming it, the last checkpoint and the
+command that continues the run, exit 5; the ranks' and the launcher's stderr is in the run folder's
+launch.log. If this process is killed, the ranks finish their step, save and stop (`launcher gone`).
+With --num_machines N the machines meet in torch elastic's rendezvous: one that has not come within
+--join_timeout SECONDS (default 300) ends the others with one line, exit 2."""
 
 
 # --------------------------------------------------------------------------------------------------

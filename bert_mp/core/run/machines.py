@@ -1,41 +1,36 @@
-"""Several machines under ``bert-mp launch --num_machines N``: they meet before training, and a stop
-reaches every one of them.
+"""Several machines under ``bert-mp launch --num_machines N``: they meet through torch elastic's
+rendezvous, and a machine that never comes ends the others with one line.
 
-**Meeting.** Torch elastic's static rendezvous waits 600 s for a missing machine and then ends in a
-traceback. So before it starts the launcher, ``bert-mp launch`` on every machine meets the others at
-``--main_process_ip:--main_process_port``: machine 0 listens there, the others connect and say their
-rank, and once all N are in, machine 0 answers each and closes the port for the launcher's own
-rendezvous. A machine that has not come within ``--join_timeout`` seconds (default
-:data:`JOIN_TIMEOUT_S`) ends the others with one line naming it (exit 2); nothing has started.
+**Meeting.** Accelerate starts torch elastic's static rendezvous at ``--main_process_ip:
+--main_process_port`` (machine 0's agent hosts its store, ``--machine_rank`` sets each machine's
+ranks). Its own wait is 600 s, ended by a traceback; ``bert-mp launch`` passes ``--join_timeout``
+(default :data:`JOIN_TIMEOUT_S`) as the rendezvous timeout (``--rdzv_conf timeout=S``) and turns what
+the engine raises when it runs out into one line (:func:`join_failure`, exit 2): machine 0's
+``DistStoreError`` (``Timed out after S seconds waiting for clients. K/N clients joined.``) names the
+machines that did not come; another machine's ``DistNetworkError`` (its client timed out connecting)
+says that machine 0 did not answer. Nothing has trained by then.
 
-**Stopping.** SIGTERM or Ctrl-C reaches the launcher of one machine, whose ranks pass it on through
-the step's all-reduced stop flag (:func:`bert_mp.core.loop.state.signal_flag`): every rank of every machine
-finishes the step, the checkpoint is saved together and each rank records the same stop reason. The
-other machines' launchers never saw the signal; so the first rank of each (``LOCAL_RANK`` 0), once
-the run is saved and its summary written, sends the same signal to its own ``bert-mp launch``
-(:data:`LAUNCHER_PID_ENV`), which ends as the signalled one does: the ranks' stopped line, exit 130
-/ 143.
+Torch elastic's c10d rendezvous (``--rdzv_backend c10d``, ``join_timeout``) was measured and is not
+the default: it ignores ``--machine_rank`` (torch warns ``node_rank is only used for static
+rdzv_backend``) and numbers the machines by host name and agent pid, so the run's rank 0 - the
+process that writes the run folder, holds its lock and prints - can land on any machine; and its
+timeout ends in a bare ``RendezvousTimeoutError``. A launch that asks for it gets it, with
+``join_timeout`` set from ``--join_timeout`` (docs/architecture.md).
+
+A stop that reaches one machine is passed on to the others by the ranks: :mod:`.launcher`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import threading
-import time
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert_mp.errors import LaunchError
-
 JOIN_TIMEOUT_S = 300.0
 """How long machines wait for each other before a launch gives up (``--join_timeout``)."""
-LAUNCHER_PID_ENV = "BERT_MP_LAUNCHER_PID"
-"""Set by ``bert-mp launch`` for its processes: the process to pass a stop on to (see the module docstring)."""
-_HELLO, _GO = b"bert-mp machine ", b"go\n"
 
 
 @dataclass(frozen=True)
@@ -48,7 +43,8 @@ class Machines:
     port: int
 
 
-def _option(options: Sequence[str], name: str) -> str | None:
+def option(options: Sequence[str], name: str) -> str | None:
+    """The value of ``name`` in ``options`` (``--name V`` or ``--name=V``; the last one wins)."""
     value = None
     for i, arg in enumerate(options):
         if arg == name and i + 1 < len(options):
@@ -84,14 +80,14 @@ def machines_of(options: Sequence[str]) -> Machines | None:
     from bert_mp.errors import ConfigError
 
     keys = {"num_machines": "1", "machine_rank": "0", "main_process_ip": None, "main_process_port": "29500"}
-    config = _option(options, "--config_file")
+    config = option(options, "--config_file")
     if config and Path(config).is_file():
         import yaml
 
         with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
             doc = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
             keys.update({k: str(doc[k]) for k in keys if doc.get(k) is not None})
-    keys.update({k: v for k in keys if (v := _option(options, f"--{k}")) is not None})
+    keys.update({k: v for k in keys if (v := option(options, f"--{k}")) is not None})
     try:
         count, rank, port = (
             int(keys["num_machines"]),
@@ -111,116 +107,54 @@ def machines_of(options: Sequence[str]) -> Machines | None:
     return Machines(count, rank, str(keys["main_process_ip"]), port)
 
 
-def meet(m: Machines, timeout: float) -> None:
-    """Return once all ``m.count`` machines have come (see the module docstring); :class:`LaunchError`,
-    one line, when one has not come within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    if m.rank == 0:
-        _host(m, deadline, timeout)
-    else:
-        _join(m, deadline, timeout)
+def rendezvous_options(options: Sequence[str], timeout: float) -> list[str]:
+    """``options`` with the rendezvous timeout set to ``timeout`` seconds (see the module docstring),
+    added to a ``--rdzv_conf`` the user gave (their own timeout wins)."""
+    c10d = option(options, "--rdzv_backend") == "c10d"
+    key = "join_timeout" if c10d else "timeout"
+    given = option(options, "--rdzv_conf") or ""
+    if re.search(rf"(^|,){key}=", given):
+        return list(options)
+    conf = ",".join(p for p in (given, f"{key}={math.ceil(timeout)}") if p)
+    rest, skip = [], False
+    for arg in options:
+        if skip:
+            skip = False
+        elif arg == "--rdzv_conf":
+            skip = True
+        elif not arg.startswith("--rdzv_conf="):
+            rest.append(arg)
+    return [*rest, "--rdzv_conf", conf]
 
 
-def _host(m: Machines, deadline: float, timeout: float) -> None:
-    try:
-        server = socket.create_server(("", m.port))
-    except OSError as e:
-        raise LaunchError(
-            f"machine 0 cannot listen on --main_process_port {m.port} ({e.strerror or e}); choose a free port"
-        ) from None
-    joined: dict[int, socket.socket] = {}
-    try:
-        while len(joined) < m.count - 1:
-            server.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                missing = sorted(set(range(1, m.count)) - set(joined))
-                names = ", ".join(str(r) for r in missing)
-                raise LaunchError(
-                    f"machine{'s' if len(missing) > 1 else ''} {names} of {m.count} did not join within "
-                    f"{timeout:g} s (--join_timeout) at {m.ip}:{m.port}; start the same `bert-mp launch` "
-                    "with --machine_rank set on every other machine, or check --main_process_ip"
-                ) from None
-            rank = _read_rank(conn, deadline)
-            if rank is None or rank in joined or not 0 < rank < m.count:
-                conn.close()  # not one of ours (a port probe, a duplicate): not counted
-                continue
-            joined[rank] = conn
-        for conn in joined.values():
-            with contextlib.suppress(OSError):
-                conn.sendall(_GO)
-    finally:
-        for conn in joined.values():
-            conn.close()
-        server.close()
+_NOT_JOINED = re.compile(r"Timed out after \d+ seconds waiting for clients\. (\d+)/(\d+) clients joined")
+_NO_ANSWER = re.compile(r"(client socket has timed out|connection to the C10d store has failed)")
+_RDZV_TIMEOUT = re.compile(r"RendezvousTimeoutError")
+_PORT_BUSY = re.compile(r"Tried to launch distributed communication on port `?(\d+)`?, but another process")
 
 
-def _read_rank(conn: socket.socket, deadline: float) -> int | None:
-    conn.settimeout(max(0.01, min(5.0, deadline - time.monotonic())))
-    try:
-        data = conn.recv(64)
-    except OSError:
-        return None
-    if not data.startswith(_HELLO):
-        return None
-    try:
-        return int(data[len(_HELLO) :].strip())
-    except ValueError:
-        return None
-
-
-def _join(m: Machines, deadline: float, timeout: float) -> None:
-    conn = None
-    while conn is None:
-        try:
-            conn = socket.create_connection(
-                (m.ip, m.port), timeout=max(0.01, min(2.0, deadline - time.monotonic()))
-            )
-        except OSError:
-            if time.monotonic() >= deadline:
-                raise LaunchError(
-                    f"machine 0 did not answer at {m.ip}:{m.port} within {timeout:g} s (--join_timeout); start "
-                    "`bert-mp launch ... --machine_rank 0` there, or check --main_process_ip / --main_process_port"
-                ) from None
-            time.sleep(0.2)  # machine 0 is not listening yet: try again until the deadline
-    with conn:
-        conn.sendall(_HELLO + str(m.rank).encode() + b"\n")
-        conn.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            answer = conn.recv(8)
-        except OSError:
-            answer = b""
-    if answer != _GO:
-        raise LaunchError(
-            f"machine 0 at {m.ip}:{m.port} gave up before every machine of {m.count} had joined "
-            f"(within {timeout:g} s, --join_timeout); start them all within that time"
+def join_failure(text: str, m: Machines, timeout: float) -> str | None:
+    """The one line for a rendezvous that ran out (what the launcher wrote: ``text``), or None when
+    ``text`` says nothing of the kind."""
+    where, within = f"{m.ip}:{m.port}", f"within {timeout:g} s (--join_timeout)"
+    if found := _PORT_BUSY.search(text):
+        return f"machine 0 cannot listen on --main_process_port {found.group(1)} (in use); choose a free port"
+    if found := _NOT_JOINED.search(text):
+        joined, count = int(found.group(1)), int(found.group(2))
+        missing = count - joined
+        who = f"machine 1 of {count}" if count == 2 else f"{missing} of the {count} machines"
+        return (
+            f"{who} did not join {within} at {where}; start the same `bert-mp launch` with "
+            "--machine_rank set on every other machine, or check --main_process_ip"
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# a stop that reached another machine
-# --------------------------------------------------------------------------------------------------
-RELAY_WAIT_S = 60.0
-"""How long the first rank of a machine waits for its launcher to pass the relayed signal back."""
-
-
-def relay_stop(pending_signal: str | None, stop_reason: str | None) -> None:
-    """After a run stopped for a signal that this machine's launcher never got (it reached another
-    machine): the first rank of this machine sends the same signal to its ``bert-mp launch`` and waits
-    until the launcher passes it back, so that the launcher has it before this rank exits."""
-    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-    if pending_signal or not launcher.isdigit() or os.environ.get("LOCAL_RANK", "0") != "0":
-        return
-    name = (stop_reason or "").removeprefix("signal ")
-    if name not in ("SIGTERM", "SIGINT") or threading.current_thread() is not threading.main_thread():
-        return
-    signum = signal.Signals[name]
-    # blocked, so that the signal coming back is taken here (sigtimedwait), not by a handler
-    signal.pthread_sigmask(signal.SIG_BLOCK, [signum])
-    try:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(int(launcher), signum)
-            signal.sigtimedwait([signum], RELAY_WAIT_S)
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    if _NO_ANSWER.search(text):
+        return (
+            f"machine 0 did not answer at {where} {within}; start `bert-mp launch ... --machine_rank 0` "
+            "there, or check --main_process_ip / --main_process_port"
+        )
+    if _RDZV_TIMEOUT.search(text):
+        return (
+            f"the {m.count} machines did not all join {within} at {where}; start the same "
+            "`bert-mp launch` on every machine, or check --main_process_ip / --main_process_port"
+        )
+    return None

@@ -1,6 +1,10 @@
-"""A run folder is never silently reused, and a resume never silently changes what is trained.
+"""A run folder has one writer, is never silently reused, and a resume never silently changes what is
+trained.
 
-Called before any work by every training loop (``train`` and ``finetune``):
+Before any work, every training loop (``train`` and ``finetune``) and every sweep holds its output
+folder (:func:`hold_folder`): an OS lock on ``bert-mp.lock`` inside it, taken by the main process (the
+one that writes the run's shared files) and freed by the OS when that process ends however it ends;
+a second command into a held folder stops with one line naming the holder. Then, for the loops:
 
 - an output folder that already holds a run (``metrics.jsonl``, ``summary.json``, ``checkpoints/``
   or ``final/``) is an error unless the loop resumes (``<section>.resume``) or starts over on
@@ -16,11 +20,17 @@ Called before any work by every training loop (``train`` and ``finetune``):
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bert_mp.errors import ConfigError
+from bert_mp.core.run.console import is_main_process
+from bert_mp.core.run.launcher import launcher_pid
+from bert_mp.core.storage import disk, folder_lock
+from bert_mp.errors import BertMPWarning, ConfigError
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "final")
 """What makes a folder hold a run (a folder with only config.yaml or a sweep's launch.log does not)."""
@@ -140,3 +150,72 @@ def announce_resume(accelerator: Any, command: str, folder: str | None, step: in
         print(
             f"bert-mp {command}: config changed since the checkpoint: {describe_changes(changes)}", flush=True
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# one writer per folder
+# --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def hold_folder(
+    folder: str | Path, key: str, what: str = "run", check: Callable[[], None] = lambda: None
+) -> Iterator[None]:
+    """Hold ``folder`` (the value of config key ``key``) for this command, on the main process only.
+
+    A folder a live process holds is refused in one line naming it (:class:`ConfigError`, exit 2); a
+    file system that cannot lock is said once, and the command goes on unlocked. ``check`` (the run
+    folder's refusals, which only read) runs under the lock - or, where the folder has no lock file
+    yet, before it is created, so that a refused command leaves the folder as it found it. Costs a
+    few system calls at the start, nothing per step.
+    """
+    if not is_main_process():  # under a launch, rank 0 writes the run's shared files and holds it
+        check()
+        yield
+        return
+    checked = not (Path(folder) / folder_lock.LOCK_FILE).exists()
+    if checked:
+        check()
+    lock = _take(folder, key, what)
+    with lock:
+        if not checked:
+            check()
+        yield
+
+
+def _take(folder: str | Path, key: str, what: str) -> folder_lock.FolderLock:
+    try:
+        lock = folder_lock.take(folder, folder_lock.me(launcher_pid()))
+    except folder_lock.FolderInUse as e:
+        raise ConfigError(busy_line(folder, key, e.holder, what)) from None
+    except OSError as e:
+        if disk.write_failure(e) is None:  # not a folder (a file of that name), a name too long, ...
+            raise ConfigError(f"{key}={folder}: cannot hold it as a run folder ({disk.reason(e)})") from None
+        raise disk.storage_error(
+            f"the lock file {folder_lock.LOCK_FILE}", folder, e, None, f"choose a writable {key}"
+        ) from None
+    if lock.problem:
+        warnings.warn(
+            f"{key}={folder}: this file system cannot lock files ({lock.problem}); a second command "
+            "writing to this folder at the same time would not be refused",
+            BertMPWarning,
+            stacklevel=4,
+        )
+    return lock
+
+
+def busy_line(folder: str | Path, key: str, holder: folder_lock.Holder | None, what: str = "run") -> str:
+    """The refusal of a held folder: who holds it, and what to do."""
+    if holder is None:
+        return (
+            f"{key}={folder} is in use by another {what} (its lock file {folder_lock.LOCK_FILE} names "
+            f"no holder); wait for it to end, or choose another {key}"
+        )
+    return (
+        f"{key}={folder} is in use by another {what}: {holder.describe()}; wait for it to end or stop it "
+        f"(kill -TERM {holder.stop_pid} on {holder.host}), or choose another {key}"
+    )
+
+
+def hold_run_folder(section: Any, check: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+    """:func:`hold_folder` for a training loop's section (``train`` / ``finetune``), ``check`` its run
+    guard (:func:`check_output_dir`, or pretraining's)."""
+    return hold_folder(section.output_dir, f"{section.SECTION}.output_dir", check=check)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from bert_mp.core.storage.folder_lock import release_all
 from bert_mp.errors import Interrupted
 
 
@@ -76,6 +77,7 @@ def interrupts_in_this_process_only(on_exit: Callable[[int], None]) -> Iterator[
             ending[0] = 1
             _signal_children(signal.SIGTERM)
             on_exit(signum)
+            release_all()  # the run folder `bert-mp train` holds: os._exit runs no finally block
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(128 + signum)

@@ -1,7 +1,9 @@
-"""The shared ``accelerate launch`` command line (sweep, scale-out benchmark, multi-process tests)."""
+"""The shared ``accelerate launch`` command line (sweep, scale-out benchmark, multi-process tests), and
+what ``bert-mp launch`` says when its ranks end: a mistake, a stop, a death, machines that never met."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from bert_mp.core.run.launch import accelerate_launch
@@ -104,3 +106,182 @@ def test_a_global_batch_the_processes_cannot_split_names_a_value_that_works():
     with pytest.raises(ConfigError, match=r"; set train.global_batch_size=36 \(a multiple of 4 x 3\)$"):
         BatchGeometry.build(32, 4, 3, *keys)  # no micro-batch splits 32 over 3 processes
     assert BatchGeometry.build(32, 16, 2, *keys).accumulation == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# a rank's death, a stopped run, machines that do not meet: one line each
+# --------------------------------------------------------------------------------------------------
+ELASTIC_TABLE = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+bert_mp FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-28_19:37:58
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 6929)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 6929
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_19:37:58
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 6928)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+======================================================
+"""
+"""Torch elastic's report after rank 1 was killed, the survivor's collective error named the root cause."""
+
+# a stand-in for `accelerate launch` whose rank 1 died after the run saved step 6 and logged step 7
+DYING_LAUNCHER = r"""
+import json, os, sys
+from pathlib import Path
+from bert_mp.core.run import console
+run = Path("run")
+(run / "checkpoints" / "step_00000006").mkdir(parents=True)
+console.tell_launcher_the_run_folder(run)
+console.tell_launcher(console.CHECKPOINT_NOTE, run / "checkpoints" / "step_00000006")
+(run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "kind": "train"}) + "\n" for s in range(1, 8)))
+sys.stderr.write("[rank0]: Traceback (most recent call last):\n[rank0]: RuntimeError: Connection reset by peer\n")
+sys.stderr.write("Traceback (most recent call last):\n  File x\n" + sys.argv[1])
+sys.exit(1)
+"""
+
+
+def test_a_rank_killed_by_a_signal_is_one_line_and_the_rest_goes_to_the_run_folder_log(
+    tmp_path, monkeypatch, capfd
+):
+    from bert_mp.core.run.launch import LaunchContext, run_launcher
+    from bert_mp.core.run.launch_report import RANK_DIED_EXIT_CODE
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--num_processes", "2", "train", "r.yaml", "train.save_every=2", "train.resume=latest"]
+    code = run_launcher([sys.executable, "-c", DYING_LAUNCHER, ELASTIC_TABLE], LaunchContext(argv, "train"))
+    assert code == RANK_DIED_EXIT_CODE == 5
+    (line,) = capfd.readouterr().err.splitlines()
+    log = tmp_path / "run" / "launch.log"
+    assert line == (
+        "bert-mp launch: error: rank 1 (pid 6929 on localhost) was killed by SIGKILL (the out-of-memory "
+        "killer's signal, among others) after step 7 (the last one logged); torch elastic ended the other ranks; the last "
+        "checkpoint saved is run/checkpoints/step_00000006; continue the run with `bert-mp launch "
+        "--num_processes 2 train r.yaml train.save_every=2 train.resume=latest`; what the ranks and the "
+        f"launcher wrote: {log}"
+    )
+    kept = log.read_text()
+    assert kept.startswith("$ bert-mp launch --num_processes 2 train r.yaml")
+    assert "RuntimeError: Connection reset by peer" in kept and "exitcode  : -9 (pid: 6929)" in kept
+
+
+def test_the_rank_that_died_first_is_named_whatever_torch_elastic_calls_the_root_cause():
+    from bert_mp.core.run.launch_report import culprit, parse_failures
+
+    failures = parse_failures(ELASTIC_TABLE)
+    assert [(f.rank, f.exitcode, f.pid, f.root) for f in failures] == [
+        (1, -9, 6929, False),
+        (0, 1, 6928, True),
+    ]
+    assert culprit(failures).rank == 1  # SIGKILL, not the survivor's collective error
+    closed = parse_failures(ELASTIC_TABLE.replace("-9 (pid: 6929)  (SIGKILL)", "-15 (pid: 6929)  (SIGTERM)"))
+    assert culprit(closed).rank == 0  # ended by the agent: the other one's error is the cause
+    assert parse_failures("Traceback (most recent call last):\nValueError: boom\n") == []
+
+
+def test_a_stopped_rank_leaves_its_exit_code_and_the_launcher_report_is_dropped(capfd):
+    from bert_mp.core.run.launch import run_launcher
+
+    stopped = (
+        "import sys; from bert_mp.core.run import console; console.ended(3); "
+        f"sys.stderr.write({ELASTIC_TABLE!r}); sys.exit(1)"
+    )
+    assert run_launcher([sys.executable, "-c", stopped]) == 3
+    assert capfd.readouterr().err == ""
+
+
+def test_machines_meet_through_the_engine_with_the_join_timeout_and_a_timeout_is_one_line():
+    from bert_mp.core.run.machines import Machines, join_failure, rendezvous_options
+
+    assert rendezvous_options(["--num_machines", "2"], 2.5) == [
+        "--num_machines",
+        "2",
+        "--rdzv_conf",
+        "timeout=3",
+    ]
+    mine = ["--rdzv_conf", "read_timeout=9", "--x"]
+    assert rendezvous_options(mine, 300) == ["--x", "--rdzv_conf", "read_timeout=9,timeout=300"]
+    assert rendezvous_options(["--rdzv_conf=timeout=7"], 300) == ["--rdzv_conf=timeout=7"]  # theirs wins
+    assert rendezvous_options(["--rdzv_backend", "c10d"], 60)[-1] == "join_timeout=60"
+    m0, m1 = Machines(2, 0, "10.0.0.1", 29500), Machines(2, 1, "10.0.0.1", 29500)
+    waited = (
+        "torch.distributed.DistStoreError: Timed out after 3 seconds waiting for clients. 1/2 clients joined."
+    )
+    assert join_failure(waited, m0, 2) == (
+        "machine 1 of 2 did not join within 2 s (--join_timeout) at 10.0.0.1:29500; start the same "
+        "`bert-mp launch` with --machine_rank set on every other machine, or check --main_process_ip"
+    )
+    three = waited.replace("1/2", "1/3")
+    assert join_failure(three, Machines(3, 0, "h", 1), 2).startswith(
+        "2 of the 3 machines did not join within 2 s"
+    )
+    unanswered = "DistNetworkError: The client socket has timed out after 2000ms while trying to connect to (10.0.0.1, 29500)."
+    assert join_failure(unanswered, m1, 2).startswith("machine 0 did not answer at 10.0.0.1:29500 within 2 s")
+    assert join_failure("Traceback ...\nValueError: boom\n", m1, 2) is None
+
+
+def test_a_rank_keeps_running_when_its_launchers_pipe_is_gone():
+    """Under ``bert-mp launch`` a rank's stderr is a pipe to the launcher: once the launcher is killed,
+    a write there (a progress bar) must not end the rank before it has saved."""
+    import subprocess
+
+    from bert_mp.core.run import console
+
+    child = (
+        "import sys; from bert_mp.core.run import console; console.guard_stderr_under_launch(); "
+        "sys.stdin.readline(); [sys.stderr.write('bar ' * 1000 + '\\n') for _ in range(100)]; sys.stderr.flush(); "
+        "print('saved', flush=True)"
+    )
+    env = {**os.environ, console.LAUNCH_ERRORS_ENV: "/"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    proc.stderr.close()  # the launcher is gone: nobody reads the rank's stderr any more
+    out, _ = proc.communicate("go\n", timeout=60)
+    assert (proc.returncode, out) == (0, "saved\n")
+
+
+def _stand_in():
+    """A process that runs until killed (a stand-in for ``bert-mp launch``)."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
+def test_the_watch_sees_its_launcher_end(monkeypatch):
+    from bert_mp.core.run import launcher
+
+    assert not launcher.LauncherWatch(None).gone()  # not under bert-mp launch: never
+    for pidfd in (True, False):
+        stand_in = _stand_in()
+        with monkeypatch.context() as m:
+            m.setattr(launcher, "_started_after_me", lambda pid: False)  # younger than the test: fine here
+            if not pidfd:  # an old kernel: psutil instead
+                m.setattr(launcher.os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "ENOSYS")))
+            watch = launcher.LauncherWatch(stand_in.pid)
+        assert not watch.gone()
+        stand_in.kill()
+        stand_in.wait()
+        assert watch.gone() and watch.gone()
+        watch.close()
+    # a pid that now belongs to a process younger than this one: its launcher ended before
+    young = _stand_in()
+    assert launcher.LauncherWatch(young.pid).gone()
+    young.kill()
+    young.wait()

@@ -72,10 +72,16 @@ class FakeLoop(training_loop.TrainingLoop):
     command = "fake"
 
     def __init__(
-        self, total_steps: int, signal_at: dict[int, str] | None = None, remote_stop_at: tuple[int, ...] = ()
+        self,
+        total_steps: int,
+        signal_at: dict[int, str] | None = None,
+        remote_stop_at: tuple[int, ...] = (),
+        before_step: dict[int, Callable[[], Any]] | None = None,
     ):
-        super().__init__(SimpleNamespace(), SimpleNamespace(resume=None, max_grad_norm=1.0))
+        section = SimpleNamespace(resume=None, max_grad_norm=1.0, output_dir="run", SECTION="fake")
+        super().__init__(SimpleNamespace(), section)
         self.planned, self.signal_at, self.remote_stop_at = total_steps, signal_at or {}, remote_stop_at
+        self.before_step = before_step or {}
         self.calls: list[str] = []
         self.updates: list[tuple[float, bool]] = []
 
@@ -85,7 +91,8 @@ class FakeLoop(training_loop.TrainingLoop):
         self.total_steps, self.config_changes = self.planned, {}
         self.plan = SimpleNamespace(describe=lambda scaler: {"name": "fp16"})
         self.conditions = SimpleNamespace(at_end=lambda state=(): {"threads": 1})
-        self.accelerator = None  # announce_resume says nothing for a fresh start
+        # announce_resume says nothing for a fresh start; a stopped run's ranks meet once it is saved
+        self.accelerator = SimpleNamespace(wait_for_everyone=lambda: self.calls.append("barrier"))
         self.log, self.checkpointer = FakeLog(self.calls), FakeCheckpointer(self.calls)
         self.model = SimpleNamespace(
             parameters=lambda: iter(()), train=lambda: self.calls.append("train mode")
@@ -97,8 +104,10 @@ class FakeLoop(training_loop.TrainingLoop):
     def train_step(self) -> None:
         s = self.state
         self.calls.append(f"step {s.step}")
+        self.before_step.get(s.step, lambda: None)()
         s.pending_signal = s.pending_signal or self.signal_at.get(s.step)
-        stop = s.pending_signal is not None or s.step in self.remote_stop_at
+        flag = self.stop_flag()  # as a product does at the step boundary
+        stop = flag > 0 or s.step in self.remote_stop_at
         lr, _, skipped = self.update(stop, None)
         self.updates.append((lr, skipped))
 
@@ -114,6 +123,12 @@ class FakeLoop(training_loop.TrainingLoop):
 
     def summary_extras(self, result: str | None = None) -> dict:
         return {"result": result, "scheduler_steps": self.scheduler.steps}
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch) -> None:
+    """The fake run's folder (``run``, which the loop holds while it runs) in the test's own folder."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
@@ -185,10 +200,29 @@ def test_a_skipped_step_advances_neither_the_scheduler_nor_the_step(skips):
 def test_a_signal_stops_after_its_step_saves_once_and_never_completes(skips, kw, reason):
     loop = FakeLoop(3, **kw)
     summary = loop.run()
-    tail = ["step 0", "step 1", "flush", "close_bar", "flush", "save at 2", "finish stopped"]
+    tail = ["step 0", "step 1", "flush", "close_bar", "flush", "save at 2", "finish stopped", "barrier"]
     assert loop.calls == [*start(3), *tail]
     assert summary["status"] == "stopped" and summary["stop_reason"] == reason and summary["steps"] == 2
     assert summary["result"] is None
+
+
+def test_a_rank_whose_launcher_is_gone_stops_after_its_step_like_a_signal(skips, monkeypatch):
+    """``bert-mp launch`` (a stand-in process here) is killed during step 1: the rank sees it at that
+    step's boundary, finishes the step, saves once and stops with the reason ``launcher gone``."""
+    import subprocess
+    import sys
+
+    from bert_mp.core.run import launcher
+
+    stand_in = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    monkeypatch.setenv(launcher.LAUNCHER_PID_ENV, str(stand_in.pid))
+    monkeypatch.setattr(launcher, "_started_after_me", lambda pid: False)  # younger than this test: fine
+    loop = FakeLoop(5, before_step={1: lambda: (stand_in.kill(), stand_in.wait())})
+    summary = loop.run()
+    tail = ["step 0", "step 1", "flush", "close_bar", "flush", "save at 2", "finish stopped", "barrier"]
+    assert loop.calls == [*start(5), *tail]
+    assert summary["status"] == "stopped" and summary["stop_reason"] == "launcher gone"
+    assert loop.state.pending_signal == "launcher gone" and summary["steps"] == 2
 
 
 def test_a_training_error_writes_one_failed_summary_and_propagates(skips):
