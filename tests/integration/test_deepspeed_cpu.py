@@ -45,7 +45,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     make_prepared(root / "data", n_train=64)
     out = {"p1": root / "p1", "zero1": root / "zero1", "zero2": root / "zero2"}
     # the one-process reference trains in this process: the code of a one-process launch, without
-    # the launcher's and the rank's start (test_train_launch.py launches one process and compares)
+    # the launcher's and the rank's start
     save_config(_config(out["p1"], micro_batch_size=8), root / "p1.yaml")
     assert run_config(root / "p1.yaml", root / "data") == 0
     launch_config(
