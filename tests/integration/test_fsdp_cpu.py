@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import ROOT, launch_config, make_prepared, tiny_config
+from support import ROOT, launch_config, make_prepared, run_config, tiny_config
 
 from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.run.sharding import SHARDED_DIR
@@ -44,11 +44,15 @@ def _rows(out: Path) -> tuple[list[dict], list[dict]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """One process (no FSDP: nothing to shard) and FSDP over 2 and 4 processes, each in its own launch."""
+    """One process (no FSDP: nothing to shard; in this process, the code a one-process launch runs)
+    and FSDP over 2 and 4 processes, each in its own launch."""
+    from bert_mp.core.config import save_config
+
     root = tmp_path_factory.mktemp("fsdp")
     make_prepared(root / "data", n_train=64)
     out = {"p1": root / "p1", "fsdp2": root / "fsdp2", "fsdp4": root / "fsdp4"}
-    launch_config(_config(out["p1"]), root / "data", 1)
+    save_config(_config(out["p1"]), root / "p1.yaml")
+    assert run_config(root / "p1.yaml", root / "data") == 0
     launch_config(_config(out["fsdp2"]), root / "data", 2, options=FSDP)
     launch_config(_config(out["fsdp4"]), root / "data", 4, options=FSDP)
     out["data"] = root / "data"

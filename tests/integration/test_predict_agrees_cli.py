@@ -1,6 +1,8 @@
 """``bert-mp predict`` agrees with ``bert-mp finetune`` on fine-tuning's own test file, through the real
 CLI: the same truncation, row rules and label normalisation give the same metrics as summary.json;
-predict reads the fine-tune's own columns by default; a stopped fine-tune exits like ``bert-mp train``."""
+predict reads the fine-tune's own columns by default; a stopped fine-tune exits like ``bert-mp train``.
+Predict runs in a fresh process; the fine-tunes it is compared with run through the same CLI entry
+point (``bert_mp.cli.main``) in the test's process, except the stopped one."""
 
 import csv
 import json
@@ -61,9 +63,15 @@ def _finetune(tmp_path, ckpt, test_file, *extra):
         "finetune.progress_bar=false",
         *extra,
     ]
-    proc = run_cli("finetune", *args, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _finetune_here(args)
     return json.loads((out / "summary.json").read_text())
+
+
+def _finetune_here(args: list[str]) -> None:
+    """``bert-mp finetune ARGS`` through the CLI's entry point, in this process (paths are absolute)."""
+    from bert_mp.cli import main
+
+    assert main(["finetune", *args]) == 0
 
 
 def _predict(tmp_path, model, file, *flags, name="p", code=0):
@@ -198,8 +206,7 @@ def test_a_pair_task_is_read_with_its_own_pair_column(tmp_path, ckpt):
         f"finetune.max_seq_length={MAX_LEN}",
         "finetune.progress_bar=false",
     ]
-    proc = run_cli("finetune", *args, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _finetune_here(args)
     s = json.loads((tmp_path / "ft" / "summary.json").read_text())
     m, preds, _ = _predict(tmp_path, tmp_path / "ft", test)
     assert m["columns"] == {"text": "question", "text_pair": "answer", "label": "verdict"}
