@@ -92,8 +92,22 @@ def state_options(request: Request, cuda: bool) -> dict[str, Any]:
     # DeepSpeed's CPU accelerator named, not guessed (its guess warns on stdout wherever it is imported)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if request.engine == "deepspeed" and deepspeed_installed():
+        _skip_inference_all_reduce_build()
         return {"cpu": False, "backend": "gloo"}
     return {"cpu": True}
+
+
+def _skip_inference_all_reduce_build() -> None:
+    """DeepSpeed's CPU backend compiles a shared-memory all-reduce when its process group starts (g++
+    on every fresh machine: about 60 CPU seconds on a 2-vCPU EPYC, then cached in
+    ~/.cache/torch_extensions). Only tensor-parallel inference calls it (``inference_all_reduce``);
+    training's collectives go through gloo, so bert_mp skips the build."""
+    try:  # the submodule by its full name (the package's own ``torch`` attribute is torch itself)
+        ds_comm = importlib.import_module("deepspeed.comm.torch")
+    except Exception:  # noqa: BLE001 - another DeepSpeed layout: it builds as it always did
+        return
+    if callable(getattr(ds_comm, "build_shm_op", None)):
+        ds_comm.build_shm_op = lambda: None
 
 
 # --------------------------------------------------------------------------------------------------
