@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import warnings
+from typing import Any
 
 from bert_mp.core.run import console
 from bert_mp.core.run.noise import quiet_libraries
@@ -150,6 +151,23 @@ def _launch(argv: list[str]) -> int:
         return 2
 
 
+def _check_model_references(command: str, cfg: Any) -> None:
+    """Where the weights come from (``model.init_from``; ``finetune.checkpoint`` and ``.tokenizer``),
+    checked before the command's libraries load: a mistyped folder or an unknown Hub name is one line at
+    once, not after torch's and transformers' start-up. The command checks them again (the Hub is asked
+    once a process: bert_mp.core.run.hub)."""
+    if command == "train" and cfg.model.init_from:
+        from bert_mp.model.sources import check_init_from
+
+        check_init_from(cfg.model)
+    elif command == "finetune":
+        from bert_mp.finetune.model import resolve_checkpoint, resolve_tokenizer
+
+        resolve_checkpoint(cfg.finetune.checkpoint)
+        if cfg.finetune.tokenizer:
+            resolve_tokenizer(cfg.finetune.tokenizer)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["launch"]:
@@ -172,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 from bert_mp.data.prepare.cache import check_corpus
 
                 check_corpus(cfg.data)
+            _check_model_references(ns.command, cfg)
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
             from bert_mp.core.numerics.subnormal import flush_denormal

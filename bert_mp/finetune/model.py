@@ -36,10 +36,9 @@ def resolve_checkpoint(ref: str | None) -> str:
     """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early.
 
     A reference that looks local and is no folder fails at once; any other gets one quick question to
-    the Hub (:func:`bert_mp.core.run.hub.resolve_hub_model`), never a wait on retries.
+    the Hub (:func:`bert_mp.core.run.hub.resolve_hub_model`), never a wait on retries. Needs no
+    model library for a local folder (the CLI calls it before the command's libraries load).
     """
-    from transformers import AutoConfig
-
     if not ref:
         raise ConfigError(
             "finetune.checkpoint: set it to an exported folder (e.g. runs/train/final), a BERT checkpoint "
@@ -55,6 +54,8 @@ def resolve_checkpoint(ref: str | None) -> str:
             )
         found = resolve_hub_model(ref, "finetune.checkpoint")
         if found == ref:
+            from transformers import AutoConfig
+
             _check_model_type(ref, AutoConfig.from_pretrained(ref).model_type)
             return ref
         path = Path(found)  # the Hub is out of reach; its cached copy is a local folder

@@ -38,13 +38,9 @@ class Columns:
     named: frozenset[str] = frozenset()
 
 
-def load_classifier(ref: str) -> tuple[Any, Any, TaskRecord | None]:
-    """A ``save_pretrained`` sequence classifier, its tokenizer and its task record (None for a model not
-    fine-tuned by bert_mp). A finetune run folder means its final/."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise in a one-shot command
+def resolve_classifier(ref: str) -> str:
+    """The folder (a finetune run folder means its final/, its weights verified) or the Hub name that
+    ``bert-mp predict MODEL`` loads; a local-looking path that is no folder fails at once."""
     path = Path(ref).expanduser()
     if path.is_dir() and not (path / "config.json").is_file() and (path / "final" / "config.json").is_file():
         path = path / "final"
@@ -55,7 +51,18 @@ def load_classifier(ref: str) -> tuple[Any, Any, TaskRecord | None]:
         path = Path(found) if found != ref else path
     if path.is_dir():
         verify_export(path, "model")  # weights bert_mp wrote must still be the ones it wrote
-    source = str(path) if path.is_dir() else ref
+    return str(path) if path.is_dir() else ref
+
+
+def load_classifier(ref: str) -> tuple[Any, Any, TaskRecord | None]:
+    """A ``save_pretrained`` sequence classifier, its tokenizer and its task record (None for a model not
+    fine-tuned by bert_mp). A finetune run folder means its final/."""
+    source = resolve_classifier(ref)  # a mistake is one line before transformers loads
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar is noise in a one-shot command
+    path = Path(source)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)

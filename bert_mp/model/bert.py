@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from bert_mp.core.config import ModelConfig
 from bert_mp.errors import ConfigError
 from bert_mp.model.attention import attention_backends
 from bert_mp.model.buckets import masked_per_row
+from bert_mp.model.sources import check_init_from
 
 
 @dataclass(frozen=True)
@@ -105,31 +105,6 @@ def build_model(
         model.set_attn_implementation(check_attn_implementation(model_cfg.attn_implementation))
     check_against_data(model.config, tokenizer_size, max_seq_length)
     return model
-
-
-def check_init_from(model_cfg: ModelConfig) -> str | None:
-    """What ``model.init_from`` loads: a local folder, or a Hub name asked about once (its cached copy
-    where the Hub is out of reach). A local-looking path that is no folder fails at once."""
-    from bert_mp.core.run.hub import resolve_hub_model
-    from bert_mp.core.storage.files import looks_like_local_path
-
-    source = model_cfg.init_from
-    if not source:
-        return None
-    path = Path(source).expanduser()
-    if path.exists() and not (path / "config.json").is_file():
-        raise ConfigError(
-            f"model.init_from={source}: no config.json there (expected a save_pretrained folder)"
-        )
-    if path.is_dir():
-        from bert_mp.core.checkpoint.hf_folder import verify_export
-
-        verify_export(path, f"model.init_from={source}")
-    if path.exists():
-        return str(path)
-    if looks_like_local_path(source):
-        raise ConfigError(f"model.init_from={source}: no such folder")
-    return resolve_hub_model(source, "model.init_from")
 
 
 def _load_pretrained(model_cfg: ModelConfig) -> BertForPreTraining:

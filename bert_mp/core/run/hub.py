@@ -16,6 +16,10 @@ from bert_mp.errors import ConfigError
 HUB_TIMEOUT_S = 10.0
 """Seconds the one request may take (connect and read)."""
 
+_ANSWERS: dict[tuple[str, str], str] = {}
+"""What this process resolved before, by (reference, file): the CLI checks a reference before the
+command's libraries load, the command checks it again; the Hub is asked once."""
+
 
 def _cached_folder(ref: str, filename: str) -> str | None:
     """The local cache's snapshot folder of ``ref`` when it holds ``filename``, else None."""
@@ -28,7 +32,14 @@ def _cached_folder(ref: str, filename: str) -> str | None:
 def resolve_hub_model(ref: str, key: str, filename: str = "config.json") -> str:
     """``ref`` itself when the Hub has it, the cached snapshot folder when the Hub cannot be reached (or
     ``HF_HUB_OFFLINE`` is set) but the cache has it; otherwise a one-line :class:`ConfigError` naming
-    ``key``. ``filename`` is the file asked for (``config.json`` for a model)."""
+    ``key``. ``filename`` is the file asked for (``config.json`` for a model). A reference resolved
+    before in this process is not asked about again."""
+    if (ref, filename) not in _ANSWERS:
+        _ANSWERS[(ref, filename)] = _ask(ref, key, filename)
+    return _ANSWERS[(ref, filename)]
+
+
+def _ask(ref: str, key: str, filename: str) -> str:
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError, RepositoryNotFoundError
 
