@@ -13,7 +13,7 @@ corpus costs nothing like a real one. Here every word is drawn afresh:
   article's text), blank lines between them, ``--file-bytes`` per file.
 
 Every file is generated from ``(seed, file index)``, so the corpus is the same on every run; its
-``manifest.json`` records the documents, characters, distinct words and duplicate documents (a
+``.manifest.json`` records the documents, characters, distinct words and duplicate documents (a
 128-bit hash of every document; expected 0).
 """
 
@@ -30,6 +30,8 @@ import numpy as np
 VERSION = 1
 """Bumped when the generator changes, so a cached corpus of another version is regenerated."""
 FILE_BYTES = 1_000_000
+MANIFEST = ".manifest.json"
+"""Hidden: a folder given as ``data.paths`` is read without it."""
 NEW_WORD_SHARE, NUMBER_SHARE, COMMA_SHARE, LINE_BREAK_SHARE = 0.03, 0.01, 0.06, 0.2
 DOC_CHARS_MEDIAN, DOC_CHARS_SIGMA, DOC_CHARS_RANGE = 1500.0, 1.0, (80, 100_000)
 SENT_WORDS_MEDIAN, SENT_WORDS_SIGMA, SENT_WORDS_RANGE = 18.0, 0.5, (3, 80)
@@ -99,7 +101,7 @@ def write_generated_corpus(
     """About ``size`` bytes of generated text in ``folder`` (``part-NNNNN.txt``), reused when a
     complete corpus of the same size, seed and generator version is there."""
     folder.mkdir(parents=True, exist_ok=True)
-    manifest = folder / "manifest.json"
+    manifest = folder / MANIFEST
     want = {"version": VERSION, "size": size, "seed": seed, "file_bytes": file_bytes}
     if manifest.is_file() and json.loads(manifest.read_text()).get("request") == want:
         return sorted(folder.glob("part-*.txt"))
@@ -141,4 +143,4 @@ def write_generated_corpus(
 
 def manifest(folder: Path) -> dict:
     """What :func:`write_generated_corpus` recorded about the corpus in ``folder``."""
-    return json.loads((folder / "manifest.json").read_text())
+    return json.loads((folder / MANIFEST).read_text())

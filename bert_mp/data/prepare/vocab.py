@@ -21,6 +21,7 @@ import pyarrow as pa
 from bert_mp.core.config import DataConfig
 from bert_mp.core.run.hold import hold
 from bert_mp.core.storage.disk import write_folder_atomically
+from bert_mp.data import allocator
 from bert_mp.data.arrow_text import distinct_characters, utf8_chunks
 from bert_mp.data.prepare.blocks import hash_uniform
 from bert_mp.data.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
@@ -169,12 +170,13 @@ def tokenizer_for(
     characters = distinct_characters(sample_texts(table, ids))
     t2 = time.perf_counter()
     tokenizer = train_wordpiece(
-        lambda: (a.to_pylist() for a in sample_texts(table, ids)),
+        lambda: (text for a in sample_texts(table, ids) for text in a.to_pylist()),
         data.vocab_size,
         data.lowercase,
         length=int(ids.size),
         characters=characters,
     )
+    allocator.release_free_memory()  # the trainer's word counts: not into the pairing workers
     record["seconds"].update({"alphabet": t2 - t1, "train": time.perf_counter() - t2})
     _publish_tokenizer(tokenizer, shared)
     return tokenizer, where, record
