@@ -23,6 +23,7 @@ import hashlib
 import json
 import re
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +39,16 @@ SENT_WORDS_MEDIAN, SENT_WORDS_SIGMA, SENT_WORDS_RANGE = 18.0, 0.5, (3, 80)
 _LETTERS = np.array(list("abcdefghijklmnopqrstuvwxyz"))
 
 
-def word_table() -> tuple[np.ndarray, np.ndarray]:
-    """The built-in corpus's lowercase words and their cumulative probabilities."""
-    from bert_mp.data.builtin_corpus import builtin_documents
+def word_table(texts: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The lowercase words of ``texts`` (default: the built-in corpus) and their cumulative
+    probabilities."""
+    if texts is None:
+        from bert_mp.data.builtin_corpus import builtin_documents
 
+        texts = (d["text"] for d in builtin_documents())
     counts: Counter[str] = Counter()
-    for d in builtin_documents():
-        counts.update(w.lower() for w in re.findall(r"[A-Za-z]+(?:'[a-z]+)?", d["text"]))
+    for text in texts:
+        counts.update(w.lower() for w in re.findall(r"[A-Za-z]+(?:'[a-z]+)?", text))
     words, n = zip(*sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])), strict=True)
     p = np.asarray(n, dtype=np.float64)
     return np.asarray(words, dtype=object), np.cumsum(p / p.sum())
@@ -96,10 +100,11 @@ def file_text(seed: int, index: int, size: int, table: tuple[np.ndarray, np.ndar
 
 
 def write_generated_corpus(
-    folder: Path, size: int, seed: int = 0, file_bytes: int = FILE_BYTES
+    folder: Path, size: int, seed: int = 0, file_bytes: int = FILE_BYTES, table: tuple | None = None
 ) -> list[Path]:
     """About ``size`` bytes of generated text in ``folder`` (``part-NNNNN.txt``), reused when a
-    complete corpus of the same size, seed and generator version is there."""
+    complete corpus of the same size, seed and generator version is there. ``table``: the words
+    (:func:`word_table`; default the built-in corpus's)."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest = folder / MANIFEST
     want = {"version": VERSION, "size": size, "seed": seed, "file_bytes": file_bytes}
@@ -108,7 +113,7 @@ def write_generated_corpus(
     manifest.unlink(missing_ok=True)
     for old in folder.glob("part-*.txt"):
         old.unlink()
-    table = word_table()
+    table = word_table() if table is None else table
     hashes: set[bytes] = set()
     docs = chars = written = dupes = 0
     distinct: set[str] = set()

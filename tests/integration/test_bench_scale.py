@@ -34,6 +34,41 @@ def test_bench_prepare_shards_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_prepare_scale_runs(tmp_path):
+    """The whole benchmark through its children (their parts in this process, fast:
+    unit/scripts/test_prepare_scale.py)."""
+    out = tmp_path / "scale.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "bench" / "prepare_scale.py"),
+            "--size",
+            "200KB",
+            "--reference-sizes",
+            "100KB",
+        ]
+        + ["--repeat", "2", "--same-malloc", "--vocab-size", "300", "--workdir", str(tmp_path / "work")]
+        + ["--out", str(out)],
+        tmp_path,
+    )
+    report = json.loads(out.read_text())
+    assert set(report["learned"]) == {"100KB", "200KB"}
+    assert all(c["duplicate_documents"] == 0 for c in report["corpora"].values())
+    assert [t["order"] for t in report["trials"]] == [
+        ["given", "tokenize", "tokenize_same_malloc"],
+        ["tokenize", "tokenize_same_malloc", "given"],
+    ]
+    s = report["summary"]
+    assert 0 < s["vocabulary_share_of_wall"] < 1 and set(s["peak_anon_ratio_to_references"]) == {"100KB"}
+    assert set(s["given_tokenizer_ratio_median"]) == {
+        "whole",
+        "tokenize_stage",
+        "whole_cpu",
+        "whole_same_malloc",
+    }
+    assert all(t["ratios"]["same_tokens"] for t in report["trials"])
+
+
+@pytest.mark.slow
 def test_bench_scaling_runs(tmp_path):
     out = tmp_path / "scaling.json"
     _run(

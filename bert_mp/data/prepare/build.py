@@ -79,9 +79,11 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
 
     t = time.perf_counter()
-    # the vocabulary is learned from the whole corpus's training documents (those of data.shard=0/1),
+    # a vocabulary is learned from the whole corpus's training documents (those of data.shard=0/1),
     # so every share learns the same one
-    vocab_ids = split_docs[0] if share["count"] == 1 else split_documents(corpus, data)[0][0]
+    vocab_ids = None
+    if not data.tokenizer:
+        vocab_ids = split_docs[0] if share["count"] == 1 else split_documents(corpus, data)[0][0]
     tokenizer, tokenizer_from, vocabulary = tokenizer_for(data, corpus, vocab_ids, corpus_chars, force)
     timings["tokenizer"] = time.perf_counter() - t
 

@@ -57,10 +57,9 @@ def vocabulary_sample(doc_ids: np.ndarray, chars: np.ndarray, budget: int | None
     goals = budget * np.cumsum(np.bincount(stratum, weights=c, minlength=strata)) / total
     taken, keep = 0, []
     for k in range(strata):
-        need = goals[k] - taken
-        if need <= 0:
+        need, idx = goals[k] - taken, order[bounds[k] : bounds[k + 1]]
+        if need <= 0 or idx.size == 0:  # (a stretch inside one long document holds none)
             continue
-        idx = order[bounds[k] : bounds[k + 1]]
         run = np.cumsum(c[idx])
         n = min(int(np.searchsorted(run, need)) + 1, idx.size)
         keep.append(idx[:n])
@@ -140,14 +139,16 @@ def remove_own_tokenizer_tmp(data: DataConfig) -> None:
 
 
 def tokenizer_for(
-    data: DataConfig, table: pa.Table, train_ids: np.ndarray, chars: np.ndarray, force: bool
+    data: DataConfig, table: pa.Table, train_ids: np.ndarray | None, chars: np.ndarray, force: bool
 ) -> tuple[Any, str, dict | None]:
     """``data.tokenizer`` loaded, or a WordPiece tokenizer learned from :func:`vocabulary_sample` of
     the training documents ``train_ids`` of ``table`` (``chars``: every row's characters), kept and
     reused by every data config whose sample is the same text (:func:`tokenizer_cache_path`); where it
-    came from, and what the sample was (for ``stats.json``; None for a given tokenizer)."""
+    came from, and what the sample was (for ``stats.json``; None for a given tokenizer, which needs no
+    ``train_ids``)."""
     if data.tokenizer:
         return load_tokenizer(data.tokenizer, data.max_seq_length), data.tokenizer, None
+    assert train_ids is not None, "a vocabulary learned from no training documents"
     t0 = time.perf_counter()
     ids = vocabulary_sample(train_ids, chars, data.vocab_sample_chars, data.seed)
     shared = tokenizer_cache_path(data, training_text_digest(table, ids))

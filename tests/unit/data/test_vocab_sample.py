@@ -175,6 +175,9 @@ def test_every_share_learns_the_vocabulary_of_the_whole_corpus_sample(tmp_path, 
     out = capsys.readouterr().out
     vocabs = [r.tokenizer.get_vocab() for r in runs.values()]
     assert vocabs[0] == vocabs[1] == vocabs[2]
+    shares = [runs["0/2"].path, runs["1/2"].path]
+    both = prep.load_prepared_shares([str(p) for p in shares], load_config(shares[0] / "config.yaml").data)
+    assert len(both.dataset["train"]) == sum(len(runs[s].dataset["train"]) for s in ("0/2", "1/2"))
     records = [r.stats["vocabulary"] for r in runs.values()]
     assert all(v == {**records[0], "reused": v["reused"], "seconds": v["seconds"]} for v in records)
     voc = records[0]
