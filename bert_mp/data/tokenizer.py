@@ -243,11 +243,15 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     :func:`encoder`). BERT's pre-tokenizer isolates every punctuation character, so such a character
     marks the boundaries inline. A candidate is kept only where (1) the pre-tokenizer is
     ``BertPreTokenizer``, so the words on either side are those of separately tokenized sentences;
-    (2) the character alone encodes to one known, non-special token; (3) on probe sentences the ids
-    equal those of the [SEP] form with that one id swapped. A document takes the first candidate it
-    does not contain (the [SEP] form if it contains them all), and prepare checks the marker count
-    of every document (see ``prepare.blocks.BlockPairer``). ``enc``: the :func:`encoder` of
-    ``tokenizer`` where the caller has one (a copy costs ~10 ms).
+    (2) the character alone encodes to one token, a regular one or ``[UNK]`` (not in the
+    vocabulary: a vocabulary learned from text without any candidate character, where every
+    document would otherwise take the [SEP] form, 15-25% slower); (3) on probe sentences the ids
+    equal those of the [SEP] form with that one id swapped. The candidates of a regular token come
+    first, then those of ``[UNK]``. A document takes the first candidate it does not contain (the
+    [SEP] form if it contains them all), and prepare checks the marker count of every document (see
+    ``prepare.blocks.BlockPairer``): a document holding a word that is ``[UNK]`` itself counts more
+    ``[UNK]`` than markers and takes the [SEP] form. ``enc``: the :func:`encoder` of ``tokenizer``
+    where the caller has one (a copy costs ~10 ms).
     """
     enc = encoder(tokenizer) if enc is None else enc
     if type(enc.pre_tokenizer).__name__ != "BertPreTokenizer":
@@ -257,18 +261,18 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     probes = list(zip(_MARKER_PROBES, _MARKER_PROBES[1:] + _MARKER_PROBES[:1], strict=True))
     alone = {e: enc.encode(e, add_special_tokens=False).ids for e in _MARKER_PROBES}
     with_sep = [[*alone[a], sep_id, *alone[b], sep_id] for a, b in probes]  # the [SEP] form
-    found = []
+    found, unknown = [], []
     for char in _INLINE_MARKER_CANDIDATES:
         ids = enc.encode(char, add_special_tokens=False).ids
-        if len(ids) != 1 or ids[0] in (unk_id, sep_id) or char in added:
+        if len(ids) != 1 or ids[0] == sep_id or char in added:
             continue
         mid = ids[0]
         inline = enc.encode_batch([char.join(s) + char for s in probes], add_special_tokens=False)
         if all(
             [mid if i == sep_id else i for i in a] == b.ids for a, b in zip(with_sep, inline, strict=True)
         ):
-            found.append((char, mid))
-    return found
+            (unknown if mid == unk_id else found).append((char, mid))
+    return found + unknown
 
 
 def save_tokenizer(tokenizer: Any, path: Path) -> None:

@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/bench/prepare_scale.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "num_proc": args.num_proc,
+        "size": args.size,
         "corpora": {},
         "learned": {},
         "trials": [],
@@ -216,7 +217,7 @@ def summary(report: dict, size: str) -> dict:
     sizes, and the median ratios of prepare with a given tokenizer to tokenize-only."""
     learned = report["learned"][size]
     peaks = {k: v["memory_peaks_bytes"]["anon_total"] for k, v in report["learned"].items()}
-    keys = [k for k in report["trials"][0]["ratios"] if k != "same_tokens"]
+    keys = [k for k in (report["trials"] or [{"ratios": {}}])[0]["ratios"] if k != "same_tokens"]
     ratios = {k: statistics.median(t["ratios"][k] for t in report["trials"]) for k in keys}
     return {
         "vocabulary_seconds": learned["stage_seconds"]["tokenizer"],

@@ -94,7 +94,7 @@ def measured() -> dict:
     padding = _read(PATHS)["bench"]["corpora"]["builtin"]["padding_fraction_at_max_seq_length"]
     scaling = quiet_round(_read(SCALING))
     scale = _read(PREPARE)
-    size = max(scale["learned"], key=lambda k: scale["corpora"][k]["bytes"])  # the largest corpus measured
+    size = scale.get("size") or max(scale["learned"], key=lambda k: scale["corpora"][k]["bytes"])
     prep = scale["learned"][size]
     shards_path = ROOT / SHARDS
     shards = json.loads(shards_path.read_text()) if shards_path.is_file() else None

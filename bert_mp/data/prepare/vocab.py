@@ -149,7 +149,7 @@ def tokenizer_for(
     if data.tokenizer:
         return load_tokenizer(data.tokenizer, data.max_seq_length), data.tokenizer, None
     assert train_ids is not None, "a vocabulary learned from no training documents"
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     ids = vocabulary_sample(train_ids, chars, data.vocab_sample_chars, data.seed)
     shared = tokenizer_cache_path(data, training_text_digest(table, ids))
     record = {
@@ -179,5 +179,6 @@ def tokenizer_for(
     )
     allocator.release_free_memory()  # the trainer's word counts: not into the pairing workers
     record["seconds"].update({"alphabet": t2 - t1, "train": time.perf_counter() - t2})
+    record["cpu_seconds"] = time.process_time() - cpu0  # of this process: the stage's work, load aside
     _publish_tokenizer(tokenizer, shared)
     return tokenizer, where, record
