@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_mp.data.arrow_text import utf8_chunks
 from bert_mp.errors import DataError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -51,17 +52,34 @@ def round_vocab_size(size: int, multiple: int = 64) -> int:
     return -(-size // multiple) * multiple
 
 
+def continuing_pieces(normalizer: Any, characters: Iterable[str]) -> list[str]:
+    """The ``##c`` word pieces of a text whose distinct characters are ``characters``, sorted: one
+    for every character ``c`` of the normalized text that can sit inside a word.
+
+    Only the distinct characters are normalized, each alone: BERT's normalizer (control characters
+    removed, whitespace made a space, CJK ideographs spaced, accents stripped by NFD, lowercase) maps
+    every character on its own, so the normalized text's characters are the union of the
+    characters' normalized forms (tested against normalizing whole texts)."""
+    normalized: set[str] = set()
+    for c in characters:
+        normalized.update(normalizer.normalize_str(c))
+    return [CONTINUING_PREFIX + c for c in sorted(normalized) if _may_continue(c)]
+
+
 def train_wordpiece(
-    texts: Iterable[str] | Callable[[], Iterator[str]],
+    texts: Iterable[str] | Callable[[], Iterator[Any]],
     vocab_size: int,
     lowercase: bool = True,
     length: int | None = None,
+    characters: Iterable[str] | None = None,
 ) -> Any:
     """Train a BERT WordPiece tokenizer on ``texts``; returns a ``BertTokenizerFast``. The same texts
     give the same vocabulary in every process.
 
-    ``texts``: a function returning a fresh iterator over the texts (read twice: once for the
-    alphabet, once to train), or an iterable (an iterator is held in memory for the two passes).
+    ``texts``: a function returning a fresh iterator over the texts (or over lists of texts), or an
+    iterable (an iterator is held in memory). ``characters``: every distinct character of the texts,
+    where the caller has them (``bert_mp.data.arrow_text.distinct_characters`` finds them in Arrow
+    text without a Python pass); otherwise they are collected here in a first pass over ``texts``.
 
     ``tokenizers``' trainer alone is not reproducible (huggingface/tokenizers#1794): it creates a
     continuing-subword token (``##c``) the first time it meets ``c`` inside a word while iterating a
@@ -87,12 +105,15 @@ def train_wordpiece(
         return tk
 
     draft = pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")))
-    chars: set[str] = set()
-    for text in texts():
-        chars.update(draft.normalizer.normalize_str(text))
+    if characters is None:
+        found: set[str] = set()
+        for item in texts():
+            for text in [item] if isinstance(item, str) else item:
+                found.update(text)
+        characters = found
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
-        special_tokens=[*SPECIAL_TOKENS, *(CONTINUING_PREFIX + c for c in sorted(chars) if _may_continue(c))],
+        special_tokens=[*SPECIAL_TOKENS, *continuing_pieces(draft.normalizer, characters)],
         continuing_subword_prefix=CONTINUING_PREFIX,
         # tokenizers draws its bars on stdout; without a terminal it writes only blank lines there
         show_progress=sys.stdout.isatty(),
@@ -172,18 +193,10 @@ def count_special_token_texts(texts: Any, specials: list[str]) -> dict[str, int]
     the following bytes only at the candidates (UTF-8 is self-synchronizing, so a byte match of a
     whole string's encoding is a character match); no Python work per document.
     """
-    import pyarrow as pa
-
-    chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
     found = dict.fromkeys(specials, 0)
-    for chunk in (c for c in chunks if len(c)):
-        kind = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-        offsets = np.frombuffer(chunk.buffers()[1], dtype=kind)[chunk.offset : chunk.offset + len(chunk) + 1]
-        offsets = offsets.astype(np.int64)
-        if offsets[-1] == offsets[0]:
+    for data, offsets in utf8_chunks(texts):
+        if data.size == 0:
             continue
-        data = np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-        offsets -= offsets[0]
         starts: dict[int, np.ndarray] = {}
         for special in specials:
             pattern = special.encode("utf-8")
@@ -230,11 +243,15 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     :func:`encoder`). BERT's pre-tokenizer isolates every punctuation character, so such a character
     marks the boundaries inline. A candidate is kept only where (1) the pre-tokenizer is
     ``BertPreTokenizer``, so the words on either side are those of separately tokenized sentences;
-    (2) the character alone encodes to one known, non-special token; (3) on probe sentences the ids
-    equal those of the [SEP] form with that one id swapped. A document takes the first candidate it
-    does not contain (the [SEP] form if it contains them all), and prepare checks the marker count
-    of every document (see ``prepare.blocks.BlockPairer``). ``enc``: the :func:`encoder` of
-    ``tokenizer`` where the caller has one (a copy costs ~10 ms).
+    (2) the character alone encodes to one token, a regular one or ``[UNK]`` (not in the
+    vocabulary: a vocabulary learned from text without any candidate character, where every
+    document would otherwise take the [SEP] form, 15-25% slower); (3) on probe sentences the ids
+    equal those of the [SEP] form with that one id swapped. The candidates of a regular token come
+    first, then those of ``[UNK]``. A document takes the first candidate it does not contain (the
+    [SEP] form if it contains them all), and prepare checks the marker count of every document (see
+    ``prepare.blocks.BlockPairer``): a document holding a word that is ``[UNK]`` itself counts more
+    ``[UNK]`` than markers and takes the [SEP] form. ``enc``: the :func:`encoder` of ``tokenizer``
+    where the caller has one (a copy costs ~10 ms).
     """
     enc = encoder(tokenizer) if enc is None else enc
     if type(enc.pre_tokenizer).__name__ != "BertPreTokenizer":
@@ -244,18 +261,18 @@ def inline_markers(tokenizer: Any, enc: Any = None) -> list[tuple[str, int]]:
     probes = list(zip(_MARKER_PROBES, _MARKER_PROBES[1:] + _MARKER_PROBES[:1], strict=True))
     alone = {e: enc.encode(e, add_special_tokens=False).ids for e in _MARKER_PROBES}
     with_sep = [[*alone[a], sep_id, *alone[b], sep_id] for a, b in probes]  # the [SEP] form
-    found = []
+    found, unknown = [], []
     for char in _INLINE_MARKER_CANDIDATES:
         ids = enc.encode(char, add_special_tokens=False).ids
-        if len(ids) != 1 or ids[0] in (unk_id, sep_id) or char in added:
+        if len(ids) != 1 or ids[0] == sep_id or char in added:
             continue
         mid = ids[0]
         inline = enc.encode_batch([char.join(s) + char for s in probes], add_special_tokens=False)
         if all(
             [mid if i == sep_id else i for i in a] == b.ids for a, b in zip(with_sep, inline, strict=True)
         ):
-            found.append((char, mid))
-    return found
+            (unknown if mid == unk_id else found).append((char, mid))
+    return found + unknown
 
 
 def save_tokenizer(tokenizer: Any, path: Path) -> None:

@@ -8,8 +8,9 @@ Inputs, each from the file named in the output:
   ran on (``.../command_3_paths/paths.json``): positions per second = real tokens/s / (1 - padding),
   as the padded path computes every position;
 - the multi-process scaling efficiency measured on CPU (``docs/benchmarks/scaling_cpu.json``);
-- prepare's rate per stage on a 2-vCPU machine (``docs/benchmarks/prepare_memory_500MB.json``) and its
-  peak memory per share (``docs/benchmarks/prepare_shards_cpu.json``).
+- prepare's seconds per stage, the vocabulary stage included, for 1 GB of generated text on a 2-vCPU
+  machine with ``data.num_proc=2`` (``docs/benchmarks/prepare_scale_1GB.json``) and its peak memory per
+  share (``docs/benchmarks/prepare_shards_cpu.json``).
 
 Other models and lengths are projected at the measured MFU: positions/s scale with the inverse of the
 FLOPs per position that bert_mp's MFU counts (``pretrain/monitors.py: step_flops``), rows full.
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LEVERS = "docs/benchmarks/gpu_check_h200/command_8_levers/levers.json"
 PATHS = "docs/benchmarks/gpu_check_h200/command_3_paths/paths.json"
 SCALING = "docs/benchmarks/scaling_cpu.json"
-PREPARE = "docs/benchmarks/prepare_memory_500MB.json"
+PREPARE = "docs/benchmarks/prepare_scale_1GB.json"
 SHARDS = "docs/benchmarks/prepare_shards_cpu.json"
 BEST_LEVER = "cuda_graphs"
 """The fastest ladder row that keeps BERT's dropout (the faster ``+no_dropout`` row changes the recipe)."""
@@ -92,7 +93,9 @@ def measured() -> dict:
     row = next(r for r in levers["ladder"] if r["lever"] == BEST_LEVER)
     padding = _read(PATHS)["bench"]["corpora"]["builtin"]["padding_fraction_at_max_seq_length"]
     scaling = quiet_round(_read(SCALING))
-    prep = next(r for r in _read(PREPARE)["results"] if r["num_proc"] == 2)["prepare"]
+    scale = _read(PREPARE)
+    size = scale.get("size") or max(scale["learned"], key=lambda k: scale["corpora"][k]["bytes"])
+    prep = scale["learned"][size]
     shards_path = ROOT / SHARDS
     shards = json.loads(shards_path.read_text()) if shards_path.is_file() else None
     return {
@@ -109,9 +112,11 @@ def measured() -> dict:
         "scaling": {"file": SCALING, **scaling},
         "prepare": {
             "file": PREPARE,
-            "corpus_bytes": _read(PREPARE)["corpus_bytes"],
+            "corpus_bytes": scale["corpora"][size]["bytes"],
+            "num_proc": scale["num_proc"],
             "stage_seconds": prep["stage_seconds"],
-            "peak_rss_bytes": prep["peak_rss"]["self_bytes"],
+            "vocabulary": prep["vocabulary"],
+            "peak_anon_bytes": prep["memory_peaks_bytes"]["anon_total"],
         },
         "shards": {"file": SHARDS, **shards["summary"]} if shards and "summary" in shards else None,
     }
@@ -147,15 +152,74 @@ def training_table(m: dict, efficiency: float, gpus: tuple[int, ...], usd_per_gp
     return rows
 
 
-def prepare_table(m: dict, machines: tuple[int, ...]) -> list[dict]:
-    """Hours to prepare Wikipedia + BooksCorpus on N 2-vCPU machines: every machine reads the whole
-    corpus (``data.shard`` keeps its share after reading), the rest divides by N."""
+def prepare_parts(m: dict, whole_vocabulary: bool = False) -> dict[str, float]:
+    """Seconds of each part of prepare for Wikipedia + BooksCorpus with the measured number of
+    processes: every stage scaled by bytes from the measurement, but the vocabulary's alphabet and
+    training, which read a sample of bounded size (the same seconds at any corpus size: only drawing
+    the sample, a pass over the documents, grows with the corpus) - unless ``whole_vocabulary``
+    (``data.vocab_sample_chars=null``), when they read the whole corpus and grow with it (characters
+    taken as bytes: the text is ASCII)."""
     p = m["prepare"]
-    scale = CORPUS_WORDS * BYTES_PER_WORD / p["corpus_bytes"]
-    st = p["stage_seconds"]
-    read = st["read"] * scale
-    rest = (st["total"] - st["read"]) * scale
-    return [{"machines": n, "hours": (read + rest / n) / 3600, "read_hours": read / 3600} for n in machines]
+    corpus = CORPUS_WORDS * BYTES_PER_WORD
+    scale = corpus / p["corpus_bytes"]
+    st, voc = p["stage_seconds"], p["vocabulary"]
+    learn = voc["seconds"]["alphabet"] + voc["seconds"]["train"]
+    if whole_vocabulary:
+        learn *= corpus / voc["characters"]
+    loading = st["tokenizer"] - sum(voc["seconds"].values())  # saving the tokenizer: the same at any size
+    staged = ("read", "tokenizer", "split_tokenize_pair", "write")
+    return {
+        "read": st["read"] * scale,
+        "vocabulary": voc["seconds"]["sample"] * scale + learn + loading,
+        "tokenize_pair": st["split_tokenize_pair"] * scale,
+        "write": st["write"] * scale,
+        "rest": (st["total"] - sum(st[k] for k in staged)) * scale,
+    }
+
+
+def prepare_table(m: dict, machines: tuple[int, ...]) -> list[dict]:
+    """Hours to prepare Wikipedia + BooksCorpus on N machines like the measured one (``data.shard``):
+    every machine reads the whole corpus and learns the vocabulary from its sample (the same on
+    every share); the rest divides by N."""
+    parts = prepare_parts(m)
+    shared = parts["tokenize_pair"] + parts["write"] + parts["rest"]
+    return [
+        {
+            "machines": n,
+            "hours": (parts["read"] + parts["vocabulary"] + shared / n) / 3600,
+            "read_hours": parts["read"] / 3600,
+            "vocabulary_hours": parts["vocabulary"] / 3600,
+        }
+        for n in machines
+    ]
+
+
+def cores_table(m: dict, cores: tuple[int, ...]) -> list[dict]:
+    """Hours to prepare Wikipedia + BooksCorpus on one machine with ``data.num_proc`` = its cores, the
+    vocabulary from the default sample or from the whole corpus: reading and tokenizing divide over
+    the processes (one reader per 32 MB of files, one pairing worker per process); learning the
+    vocabulary is one thread, writing one process."""
+    rows = []
+    for whole in (False, True):
+        parts = prepare_parts(m, whole_vocabulary=whole)
+        for c in cores:
+            per_core = m["prepare"]["num_proc"] / c
+            hours = {
+                **parts,
+                "read": parts["read"] * per_core,
+                "tokenize_pair": parts["tokenize_pair"] * per_core,
+            }
+            total = sum(hours.values())
+            rows.append(
+                {
+                    "cores": c,
+                    "vocabulary_from": "the whole corpus" if whole else "the sample",
+                    "hours": total / 3600,
+                    "vocabulary_hours": parts["vocabulary"] / 3600,
+                    "vocabulary_share": parts["vocabulary"] / total,
+                }
+            )
+    return rows
 
 
 def markdown(m: dict, usd: float) -> str:
@@ -175,12 +239,22 @@ def markdown(m: dict, usd: float) -> str:
         )
     lines += [
         "",
-        "| machines | prepare hours | of which reading the whole corpus |",
-        "| ---: | ---: | ---: |",
+        "| machines | prepare hours | of which reading the whole corpus | of which the vocabulary |",
+        "| ---: | ---: | ---: | ---: |",
     ]
     lines += [
-        f"| {r['machines']} | {r['hours']:.2f} | {r['read_hours']:.2f} |"
+        f"| {r['machines']} | {r['hours']:.2f} | {r['read_hours']:.2f} | {r['vocabulary_hours']:.3f} |"
         for r in prepare_table(m, (1, 8, 64))
+    ]
+    lines += [
+        "",
+        "| cores (`data.num_proc`) | vocabulary from | prepare hours | of which the vocabulary | its share |",
+        "| ---: | --- | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r['cores']} | {r['vocabulary_from']} | {r['hours']:.2f} | {r['vocabulary_hours']:.3f} | "
+        f"{r['vocabulary_share']:.1%} |"
+        for r in cores_table(m, (2, 16))
     ]
     return "\n".join(lines) + "\n"
 
@@ -198,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 m, m["scaling"]["efficiency"]["ddp"], (1, 8, 64), args.usd_per_gpu_hour
             ),
             "prepare": prepare_table(m, (1, 8, 64)),
+            "prepare_on_one_machine": cores_table(m, (2, 16)),
         }
         print(json.dumps(out, indent=1))
     else:

@@ -34,6 +34,45 @@ def test_bench_prepare_shards_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_prepare_scale_runs(tmp_path):
+    """The whole benchmark through its children (their parts in this process, fast:
+    unit/scripts/test_prepare_scale.py)."""
+    out = tmp_path / "scale.json"
+    script = str(ROOT / "scripts" / "bench" / "prepare_scale.py")
+    sizes = ["--size", "200KB", "--reference-sizes", "100KB", "--vocab-size", "300"]
+    _run(
+        [
+            script,
+            *sizes,
+            "--repeat",
+            "2",
+            "--same-malloc",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        tmp_path,
+    )
+    report = json.loads(out.read_text())
+    assert set(report["learned"]) == {"100KB", "200KB"}
+    assert all(c["duplicate_documents"] == 0 for c in report["corpora"].values())
+    assert [t["order"] for t in report["trials"]] == [
+        ["given", "tokenize", "tokenize_same_malloc"],
+        ["tokenize", "tokenize_same_malloc", "given"],
+    ]
+    s = report["summary"]
+    assert 0 < s["vocabulary_share_of_wall"] < 1 and set(s["peak_anon_ratio_to_references"]) == {"100KB"}
+    assert set(s["given_tokenizer_ratio_median"]) == {
+        "whole",
+        "tokenize_stage",
+        "whole_cpu",
+        "whole_same_malloc",
+    }
+    assert all(t["ratios"]["same_tokens"] for t in report["trials"])
+
+
+@pytest.mark.slow
 def test_bench_scaling_runs(tmp_path):
     out = tmp_path / "scaling.json"
     _run(
@@ -75,6 +114,14 @@ def test_the_scale_model_reads_every_input_from_its_file_and_divides_consistentl
     assert one["usd"] == pytest.approx(one["gpu_hours"] * 2.0)
     prep = scale_model.prepare_table(m, (1, 8))
     assert prep[1]["hours"] < prep[0]["hours"] and prep[1]["read_hours"] == prep[0]["read_hours"]
+    assert prep[1]["vocabulary_hours"] == prep[0]["vocabulary_hours"] > 0  # every share learns it
+    cores = {(r["cores"], r["vocabulary_from"]): r for r in scale_model.cores_table(m, (2, 16))}
+    sample, whole = cores[16, "the sample"], cores[16, "the whole corpus"]
+    assert sample["hours"] < cores[2, "the sample"]["hours"]
+    assert sample["vocabulary_hours"] == cores[2, "the sample"]["vocabulary_hours"]  # one thread
+    assert whole["vocabulary_hours"] > 10 * sample["vocabulary_hours"]  # a corpus ~400 samples long
+    parts = scale_model.prepare_parts(m)
+    assert sum(parts.values()) / 3600 == pytest.approx(cores[2, "the sample"]["hours"])
     # the FLOPs per position match what bert_mp's MFU counted for the measured row, within the
     # corpus's shorter rows and its masked count
     counted = m["gpu"]["mfu"] * 989.4e12 / m["gpu"]["tokens_per_sec"]

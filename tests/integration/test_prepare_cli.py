@@ -54,19 +54,22 @@ def test_cli_prepares_hostile_corpus_with_counted_handling(tmp_path):
 
 def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
     """No tokenizer given: each prepare trains its own WordPiece vocabulary (separate caches, other
-    hash seeds) and still writes the same tokenizer and the same examples."""
+    hash seeds) on a sample of a third of the corpus, and still writes the same tokenizer and the
+    same examples."""
     import os
 
     from bert_mp.data.prepare import load_prepared
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    write_corpus(corpus / "a.txt", n_docs=60)
+    for i in range(3):
+        write_corpus(corpus / f"{i}.txt", n_docs=20, seed=i)
     outputs = []
     for run, seed in (("one", "1"), ("two", "2")):
         r = subprocess.run(
             [sys.executable, "-m", "bert_mp", "prepare", "data.source=text", f"data.paths=[{corpus}]"]
-            + ["data.vocab_size=400", "data.max_seq_length=64", f"data.cache_dir={tmp_path / run}"],
+            + ["data.vocab_size=400", "data.max_seq_length=64", f"data.cache_dir={tmp_path / run}"]
+            + ["data.vocab_sample_chars=10000"],
             capture_output=True,
             text=True,
             cwd=tmp_path,
@@ -76,6 +79,9 @@ def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         path = next(p for p in (tmp_path / run).iterdir() if (p / "PREPARED").exists())
         prepared = load_prepared(path)
+        sample = prepared.stats["vocabulary"]
+        assert not sample["whole"] and sample["characters"] < sample["of_characters"] / 2
+        assert f"a sample of {sample['documents']} of {sample['of_documents']} training documents" in r.stdout
         train = prepared.dataset["train"]
         outputs.append((prepared.tokenizer.get_vocab(), train["input_ids"], train["next_sentence_label"]))
     assert outputs[0][0] == outputs[1][0]

@@ -51,6 +51,11 @@ class DataConfig:
     """Vocabulary size when training a tokenizer."""
     lowercase: bool = True
     """Lowercase (uncased BERT) when training a tokenizer."""
+    vocab_sample_chars: Optional[int] = 50_000_000
+    """When training a tokenizer: characters of training documents its vocabulary is learned from, a
+    sample drawn across the whole corpus from ``seed`` (every stretch of it contributes; the same
+    documents on every run and for every ``shard``), or every training document when they hold fewer.
+    None: the whole corpus, however large (training time grows with it). See docs/data.md."""
     sentence_splitter: str = "rule"
     """Sentence splitter: ``rule`` (fast, built in) or ``nltk`` / ``blingfire`` when installed."""
 
@@ -113,8 +118,8 @@ class DataConfig:
     """``I/N``: prepare share I (0 to N-1) of the corpus's documents cut into N contiguous shares
     (``datasets``' ``Dataset.shard(N, I, contiguous=True)``), into its own folder, so that N machines
     prepare one corpus at the same time; ``bert-mp train`` takes the N folders (``train.prepared``).
-    Needs a given ``data.tokenizer`` (the same on every share); NSP's random B and data.dedupe stay
-    within a share. 0/1: the whole corpus."""
+    Without ``data.tokenizer`` every share learns the same vocabulary, from the whole corpus's sample
+    (``vocab_sample_chars``); NSP's random B and data.dedupe stay within a share. 0/1: the whole corpus."""
 
     def validate(self) -> None:
         _choice(self.source, "data.source", ("builtin", "text", "jsonl", "csv", "parquet", "hub"))
@@ -183,14 +188,9 @@ class DataConfig:
         _range(self.seed, "data.seed", 0)
         if self.max_documents is not None:
             _range(self.max_documents, "data.max_documents", 1)
-        index, count = self.shard_parts()
-        _check(
-            count == 1 or self.tokenizer is not None,
-            "data.tokenizer",
-            f"data.shard={self.shard} needs a tokenizer every share uses: train it once (a prepare without "
-            "data.shard) and give its <folder>/tokenizer, or a Hub tokenizer",
-            self.tokenizer,
-        )
+        if self.vocab_sample_chars is not None:
+            _range(self.vocab_sample_chars, "data.vocab_sample_chars", 1)
+        self.shard_parts()
 
     def shard_parts(self) -> tuple[int, int]:
         """``(I, N)`` of ``shard``; a malformed value is an error naming ``data.shard``."""
@@ -235,6 +235,8 @@ class DataConfig:
         d = asdict(self)
         for k in ("num_proc", "cache_dir", "pack_pairs", "token_budget", "mlm_document_attention"):
             d.pop(k)
+        if self.tokenizer is not None:  # a given tokenizer: no vocabulary is learned, no sample drawn
+            d.pop("vocab_sample_chars")
         # a derived cap and the same cap set explicitly give the same bytes; defaults of the new
         # keys leave the key of an existing config unchanged
         d["max_predictions_per_seq"] = self.max_predictions()

@@ -35,7 +35,7 @@ _STREAM_SPLIT = 3
 _STATIC_MASK_EPOCH = 0
 
 
-def _hash_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
+def hash_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
     """Uniform [0, 1) per index from a counter-based hash (splitmix64): no state, any order."""
 
     def mix(z: np.ndarray) -> np.ndarray:
@@ -55,7 +55,7 @@ def assign_splits(n_docs: int, fraction: float, seed: int) -> np.ndarray:
 
     With ``fraction > 0`` and at least two documents, each split gets at least one document.
     """
-    u = _hash_uniform(seed, _STREAM_SPLIT, np.arange(n_docs))
+    u = hash_uniform(seed, _STREAM_SPLIT, np.arange(n_docs))
     val = u < fraction
     if fraction > 0 and n_docs >= 2:
         if not val.any():

@@ -12,11 +12,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
-from bert_mp.core.config import Config, load_config, save_config
+from bert_mp.core.config import Config, DataConfig, load_config, save_config
 from bert_mp.core.run import console
 from bert_mp.core.storage import disk as storage
 from bert_mp.core.storage.files import atomic_write_json
@@ -34,6 +35,28 @@ from bert_mp.data.tokenizer import save_tokenizer
 from bert_mp.errors import DataError, Interrupted
 
 
+def split_documents(table: Any, data: DataConfig) -> tuple[dict[int, np.ndarray], int]:
+    """The training (0) and validation (1) documents of ``table``, ascending: by a hash of (seed,
+    index), without the exact duplicates that ``data.dedupe`` drops; and how many it dropped."""
+    n_docs = table.num_rows
+    val_mask = assign_splits(n_docs, data.validation_fraction, data.seed)
+    kept = np.ones(n_docs, dtype=bool)
+    if data.dedupe:
+        hi, lo = (table.column(c).to_numpy() for c in ("hash_hi", "hash_lo"))
+        kept[:] = False
+        kept[first_occurrences(hi, lo)] = True
+        kept_ids = np.flatnonzero(kept)
+        if (
+            kept_ids.size >= 2
+            and data.validation_fraction > 0
+            and (val_mask[kept_ids].all() or not val_mask[kept_ids].any())
+        ):
+            # the duplicates took all of one split: split the kept documents among themselves
+            val_mask[kept_ids] = assign_splits(kept_ids.size, data.validation_fraction, data.seed)
+    split = {0: np.flatnonzero(~val_mask & kept), 1: np.flatnonzero(val_mask & kept)}
+    return split, int(n_docs - kept.sum())
+
+
 def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     """Build the whole prepared folder at ``out``; returns the stats."""
     from datasets import DatasetDict
@@ -46,32 +69,22 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
 
     t = time.perf_counter()
     docs, read_stats = read_documents(data, work)
+    corpus = docs.data.table
+    corpus_chars = pc.utf8_length(corpus.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
     docs, share = take_share(docs, data)  # data.shard=I/N: this machine's contiguous share
     timings["read"] = time.perf_counter() - t
 
-    n_docs = len(docs)
-    val_mask = assign_splits(n_docs, data.validation_fraction, data.seed)
-    chars = pc.utf8_length(docs.data.table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
-    kept = np.ones(n_docs, dtype=bool)
-    if data.dedupe:
-        table = docs.data.table
-        hi, lo = (table.column(c).to_numpy() for c in ("hash_hi", "hash_lo"))
-        kept[:] = False
-        kept[first_occurrences(hi, lo)] = True
-        read_stats.duplicate_documents = int(n_docs - kept.sum())
-        kept_ids = np.flatnonzero(kept)
-        if (
-            kept_ids.size >= 2
-            and data.validation_fraction > 0
-            and (val_mask[kept_ids].all() or not val_mask[kept_ids].any())
-        ):
-            # the duplicates took all of one split: split the kept documents among themselves
-            val_mask[kept_ids] = assign_splits(kept_ids.size, data.validation_fraction, data.seed)
-    split_docs = {0: np.flatnonzero(~val_mask & kept), 1: np.flatnonzero(val_mask & kept)}
+    chars = corpus_chars[slice(*share["documents"])]
+    split_docs, read_stats.duplicate_documents = split_documents(docs.data.table, data)
     blocks = {s: make_blocks(ids, chars[ids], data.pairing_block_chars) for s, ids in split_docs.items()}
 
     t = time.perf_counter()
-    tokenizer, tokenizer_from = tokenizer_for(data, docs, split_docs[0], force)
+    # a vocabulary is learned from the whole corpus's training documents (those of data.shard=0/1),
+    # so every share learns the same one
+    vocab_ids = None
+    if not data.tokenizer:
+        vocab_ids = split_docs[0] if share["count"] == 1 else split_documents(corpus, data)[0][0]
+    tokenizer, tokenizer_from, vocabulary = tokenizer_for(data, corpus, vocab_ids, corpus_chars, force)
     timings["tokenizer"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -99,6 +112,7 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     stats = collect_stats(
         data, dd, tokenizer, tokenizer_from, read_stats, block_stats, timings, time.perf_counter() - t_start
     )
+    stats["vocabulary"] = vocabulary
     stats["shard"] = share
     stats["memory"] = peak_memory()
     shutil.rmtree(work, ignore_errors=True)

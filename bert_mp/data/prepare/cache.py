@@ -151,7 +151,8 @@ def load_prepared_shares(patterns: list[str], data: DataConfig) -> PreparedData:
     tokenizers = {(p.path / "tokenizer" / "tokenizer.json").read_bytes() for p in loaded}
     if len(tokenizers) > 1:
         raise DataError(
-            "train.prepared: the folders hold different tokenizers; prepare every share with the same data.tokenizer"
+            "train.prepared: the folders hold different tokenizers; prepare every share with the same "
+            "data.tokenizer (or none, of the same corpus: each then learns the same vocabulary)"
         )
     first = loaded[0]
     if len(loaded) == 1:

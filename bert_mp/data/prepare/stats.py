@@ -243,6 +243,20 @@ def _truncation_line(stats: dict) -> str:
     )
 
 
+def vocabulary_line(voc: dict) -> str:
+    """The summary's line on what the vocabulary was learned from (``stats.json``'s ``vocabulary``)."""
+    key = f"data.vocab_sample_chars={voc['sample_chars']}"
+    if voc["whole"]:
+        what = f"all {voc['documents']:,} training documents ({voc['characters']:,} characters; {key})"
+    else:
+        what = (
+            f"a sample of {voc['documents']:,} of {voc['of_documents']:,} training documents "
+            f"({voc['characters']:,} of {voc['of_characters']:,} characters; {key}, seed {voc['seed']})"
+        )
+    took = ", ".join(f"{k} {v:.1f} s" for k, v in voc["seconds"].items())
+    return f"  vocabulary: learned from {what}; {'reused from the cache, ' if voc['reused'] else ''}{took}"
+
+
 def print_summary(stats: dict, path: Path) -> None:
     """A short human summary of ``stats.json``."""
     d, train, val = stats["documents"], stats["per_split"]["train"], stats["per_split"]["validation"]
@@ -255,6 +269,7 @@ def print_summary(stats: dict, path: Path) -> None:
         f"(data.documents={stats['documents_mode']})",
         f"  {sentences}tokens: {stats['tokens']}, "
         f"tokenizer: {stats['tokenizer_size']} (model vocab {stats['model_vocab_size']})",
+        *([vocabulary_line(stats["vocabulary"])] if stats.get("vocabulary") else []),
         f"  examples ({stats['objective']}): {train['examples']} train / {val['examples']} validation, "
         f"max_seq_length {stats['max_seq_length']}, mean length {train['mean_length'] or 0:.1f}, padding at "
         f"max length {(train['padding_fraction_at_max_seq_length'] or 0):.1%}",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import LEXICON as WORDS
-from support import write_corpus
+from support import SPECIALS, wordpiece_tokenizer, write_corpus
 from transformers import AutoTokenizer
 
 from bert_mp.cli import main
@@ -24,6 +24,7 @@ from bert_mp.data.prepare import build as prep_build
 from bert_mp.data.prepare import pool as prep_pool
 from bert_mp.data.prepare import read as prep_read
 from bert_mp.data.prepare import vocab as prep_vocab
+from bert_mp.data.tokenizer import _INLINE_MARKER_CANDIDATES, inline_markers
 from bert_mp.errors import DataError
 
 
@@ -378,14 +379,24 @@ def _marker_corpus(path: Path) -> Path:
     return path
 
 
+def _known_markers(tokenizer) -> list[tuple[str, int]]:
+    """The inline markers of regular tokens only (none of [UNK])."""
+    return [(c, m) for c, m in inline_markers(tokenizer) if m != tokenizer.unk_token_id]
+
+
 def test_inline_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
     """Each document takes the first candidate marker it does not contain, [SEP] if it contains
-    them all; the rows are those of marking every document with [SEP]."""
+    them all; the rows are those of marking every document with [SEP]. (Regular tokens only here;
+    the [UNK] markers: test_unknown_markers_give_the_same_rows_as_sep.)"""
     corpus = _marker_corpus(tmp_path / "corpus.txt")
     base = prep.prepare(_cfg(tmp_path / "tok", corpus))
     tok = f"data.tokenizer={base / 'tokenizer'}"
-    markers = [c for c, _ in prep_blocks.inline_markers(AutoTokenizer.from_pretrained(base / "tokenizer"))]
+    tokenizer = AutoTokenizer.from_pretrained(base / "tokenizer")
+    markers = [c for c, _ in _known_markers(tokenizer)]
     assert markers == ["|", "%", "\u00b6"]  # the candidates in this corpus's vocabulary, in order
+    unknown = [c for c, m in inline_markers(tokenizer) if m == tokenizer.unk_token_id]
+    assert unknown == [c for c in _INLINE_MARKER_CANDIDATES if c not in markers]  # then the others, as [UNK]
+    monkeypatch.setattr(prep_blocks, "inline_markers", lambda t, *_: _known_markers(t))
     extra = (tok, "data.masking=static", "data.pairing_block_chars=2000", "data.validation_fraction=0")
     inline = prep.prepare(_cfg(tmp_path / "inline", corpus, *extra))
     train = json.loads((inline / "stats.json").read_text())["per_split"]["train"]
@@ -414,7 +425,7 @@ def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
     good = prep.prepare(_cfg(tmp_path / "good", corpus, *extra))
     tokenizer = AutoTokenizer.from_pretrained(base / "tokenizer")
     wrong_id = tokenizer.mask_token_id  # never in the output
-    right = prep_blocks.inline_markers(tokenizer)
+    right = _known_markers(tokenizer)
     # the first candidate's id is wrong, the others right: only documents holding "|" keep an inline marker
     monkeypatch.setattr(prep_blocks, "inline_markers", lambda *_: [("|", wrong_id), *right[1:]])
     redone = prep.prepare(_cfg(tmp_path / "redone", corpus, *extra))
@@ -426,6 +437,36 @@ def test_inline_marker_count_check_falls_back_to_sep(tmp_path, monkeypatch):
     a, b = _rows(good), _rows(redone)
     for split in a:
         assert a[split].equals(b[split]), split
+
+
+def test_unknown_markers_give_the_same_rows_as_sep(tmp_path, monkeypatch):
+    """A vocabulary holding no candidate character (a corpus without them): the candidates mark
+    sentences as [UNK]; a document holding a word that is [UNK] itself (a candidate character
+    included) takes the [SEP] form, counted; the rows are those of marking every document with [SEP]."""
+    tokens = [*SPECIALS, *WORDS, *".!?"]
+    wordpiece_tokenizer(tokens, bert_text=True).save_pretrained(str(tmp_path / "tok"))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    found = inline_markers(tokenizer)
+    assert [c for c, _ in found] == list(_INLINE_MARKER_CANDIDATES)
+    assert {m for _, m in found} == {tokenizer.unk_token_id}
+    text = write_corpus(tmp_path / "corpus.txt", n_docs=80, seed=4).read_text(encoding="utf-8")
+    docs = text.strip().split("\n\n")
+    w = WORDS
+    docs[::7] = [f"{d} {w[0]} zzyzx {w[1]}." for d in docs[::7]]  # an [UNK] word: the [SEP] form
+    docs[3::7] = [f"{d} {w[4]} | {w[5]}." for d in docs[3::7]]  # a candidate, itself [UNK]: the same
+    (tmp_path / "corpus.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    extra = (
+        f"data.tokenizer={tmp_path / 'tok'}",
+        "data.pairing_block_chars=3000",
+        "data.validation_fraction=0",
+    )
+    inline = prep.prepare(_cfg(tmp_path / "inline", tmp_path / "corpus.txt", *extra))
+    train = json.loads((inline / "stats.json").read_text())["per_split"]["train"]
+    assert train["sep_marked_documents"] == len(docs[::7]) + len(docs[3::7]) < len(docs) / 3
+    monkeypatch.setattr(prep_blocks, "inline_markers", lambda *_: [])
+    sep = prep.prepare(_cfg(tmp_path / "sep", tmp_path / "corpus.txt", *extra))
+    a, b = _rows(inline), _rows(sep)
+    assert a["train"].num_rows > 50 and a["train"].equals(b["train"])
 
 
 def test_take_texts_reads_a_window_of_a_chunked_column():

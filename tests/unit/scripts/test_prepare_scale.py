@@ -1,0 +1,70 @@
+"""The prepare-at-scale benchmark's parts, in this process: the generated corpus (the same on every
+run, realistic document lengths, no duplicates) and one prepare and one tokenize-only measured the way
+its children measure them, with the figures its summary reports (the whole script through its
+children: integration/test_bench_scale.py, slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from support import LEXICON, load_script
+
+from bert_mp.data.whitespace import BLANK_LINES_RE
+
+
+@pytest.fixture(scope="module")
+def table():
+    """Words with Zipf-like counts (counting the built-in corpus's words takes seconds)."""
+    gen = load_script("bench/generated_text")
+    return gen.word_table(" ".join(LEXICON[: k + 1]) for k in range(len(LEXICON)))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, table):
+    gen = load_script("bench/generated_text")
+    folder = tmp_path_factory.mktemp("generated") / "corpus"
+    files = gen.write_generated_corpus(folder, 300_000, seed=3, file_bytes=100_000, table=table)
+    return folder, files
+
+
+def test_the_generated_corpus_is_fixed_by_its_seed_with_no_duplicate_and_realistic_lengths(corpus, table):
+    gen = load_script("bench/generated_text")
+    folder, files = corpus
+    record = gen.manifest(folder)
+    assert len(files) == record["files"] == 3 and record["duplicate_documents"] == 0
+    docs = [d for f in files for d in BLANK_LINES_RE.split(f.read_text()) if d.strip()]
+    assert len(docs) == record["documents"] == len(set(docs))
+    lengths = np.array([len(d) for d in docs])
+    assert 1500 < lengths.mean() < 4000 and lengths.min() >= 80 and np.median(lengths) < lengths.mean()
+    assert gen.file_text(3, 1, 100_000, table) == gen.file_text(3, 1, 100_000, table)
+    assert gen.file_text(3, 1, 100_000, table) != gen.file_text(4, 1, 100_000, table)
+    mtime = files[0].stat().st_mtime_ns
+    assert gen.write_generated_corpus(folder, 300_000, seed=3, file_bytes=100_000, table=table) == files
+    assert files[0].stat().st_mtime_ns == mtime
+
+
+def test_a_prepare_and_a_tokenize_only_are_measured_alike_and_summarized(corpus, tmp_path):
+    scale = load_script("bench/prepare_scale")
+    folder, files = corpus
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as the benchmark's children have it
+    learned = scale.child_prepare(str(folder), str(tmp_path / "cache"), ["data.vocab_size=300"])
+    voc = learned["vocabulary"]
+    assert voc["whole"] and set(voc["seconds"]) == {"sample", "alphabet", "train"}
+    assert 0 < learned["vocabulary_share_of_wall"] < 1 and learned["memory_peaks_bytes"]["anon_total"] > 0
+    tokenizer = os.path.join(learned["folder"], "tokenizer")
+    given = scale.child_prepare(str(folder), str(tmp_path / "cache"), [f"data.tokenizer={tokenizer}"])
+    assert given["vocabulary"] is None and given["vocabulary_share_of_wall"] is None
+    tok = scale.child_tokenize([str(f) for f in files], tokenizer, 1, False)
+    assert tok["tokens"] == given["tokens"] > 0  # the same documents, the same tokens
+    trial = {"given": given, "tokenize": tok, "tokenize_same_malloc": tok}
+    ratios = scale._ratios(trial)
+    assert ratios["same_tokens"] and ratios["whole_same_malloc"] == ratios["whole"] > 0
+    assert ratios["tokenize_stage"] > ratios["whole"]  # the stage is part of the whole
+    report = {"learned": {"300KB": learned, "100KB": learned}, "trials": [{**trial, "ratios": ratios}]}
+    summary = scale.summary(report, "300KB")
+    assert summary["peak_anon_ratio_to_references"] == {"100KB": 1.0}
+    assert summary["given_tokenizer_ratio_median"]["whole"] == ratios["whole"]
+    json.dumps(summary)  # what the report writes
