@@ -160,7 +160,7 @@ def _check_model_references(command: str, cfg: Any) -> None:
         from bert_mp.model.sources import check_init_from
 
         check_init_from(cfg.model)
-    elif command == "finetune":
+    elif command == "finetune" and cfg.finetune.checkpoint:  # an unset one: the command says so
         from bert_mp.finetune.model import resolve_checkpoint, resolve_tokenizer
 
         resolve_checkpoint(cfg.finetune.checkpoint)

@@ -16,8 +16,8 @@ from bert_mp.errors import ConfigError
 HUB_TIMEOUT_S = 10.0
 """Seconds the one request may take (connect and read)."""
 
-_ANSWERS: dict[tuple[str, str], str] = {}
-"""What this process resolved before, by (reference, file): the CLI checks a reference before the
+_ANSWERS: dict[tuple, str] = {}
+"""What this process resolved before, by (reference, file, offline, Hub address): the CLI checks a reference before the
 command's libraries load, the command checks it again; the Hub is asked once."""
 
 
@@ -34,9 +34,12 @@ def resolve_hub_model(ref: str, key: str, filename: str = "config.json") -> str:
     ``HF_HUB_OFFLINE`` is set) but the cache has it; otherwise a one-line :class:`ConfigError` naming
     ``key``. ``filename`` is the file asked for (``config.json`` for a model). A reference resolved
     before in this process is not asked about again."""
-    if (ref, filename) not in _ANSWERS:
-        _ANSWERS[(ref, filename)] = _ask(ref, key, filename)
-    return _ANSWERS[(ref, filename)]
+    from huggingface_hub import constants
+
+    memo = (ref, filename, constants.HF_HUB_OFFLINE, constants.HUGGINGFACE_CO_URL_TEMPLATE)
+    if memo not in _ANSWERS:  # an error is not kept: asked again
+        _ANSWERS[memo] = _ask(ref, key, filename)
+    return _ANSWERS[memo]
 
 
 def _ask(ref: str, key: str, filename: str) -> str:

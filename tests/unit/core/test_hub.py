@@ -94,3 +94,16 @@ def test_an_invalid_name_and_a_repository_without_the_file(hub):
     hub.status, hub.headers = 404, {"X-Error-Code": "EntryNotFound"}
     with pytest.raises(ConfigError, match="on the Hub has no config.json"):
         resolve_hub_model("org/dataset-like", "k")
+
+
+def test_a_reference_is_asked_about_once_a_process_and_again_where_the_hub_changes(hub, monkeypatch):
+    """The CLI checks a reference before the command's libraries load and the command checks it again:
+    one request. Another Hub address, or offline, is another question."""
+    from huggingface_hub import constants
+
+    assert resolve_hub_model("org/once", "model.init_from") == "org/once"
+    assert resolve_hub_model("org/once", "finetune.checkpoint") == "org/once"
+    assert hub.requests == ["/org/once/resolve/main/config.json"]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE=1"):
+        resolve_hub_model("org/once", "k")
