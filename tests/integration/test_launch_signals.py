@@ -57,7 +57,14 @@ def _port() -> str:
 
 @pytest.mark.signals
 @pytest.mark.parametrize(
-    ("sig", "to_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "SIGTERM"]
+    ("sig", "to_group"),
+    [
+        (signal.SIGINT, True),
+        # -m slow: a SIGTERM to a launcher, 143 and the stopped line once are asserted by
+        # test_launch_machines.py (one machine's launcher) and its FSDP launch
+        pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
+    ],
+    ids=["ctrl-c", "SIGTERM"],
 )
 def test_launch_two_processes_stops_on_a_signal_with_its_exit_code_and_one_line(project, sig, to_group):
     """``bert-mp launch --num_processes 2 train``: two processes run; Ctrl-C (to the terminal's

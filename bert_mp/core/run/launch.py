@@ -232,15 +232,36 @@ def command(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(LAUNCH_HELP)
         return 0
-    import torch
-
     options, cmd, args = split_launch_args(argv)
     join_timeout, options = pop_join_timeout(options)
     machines = machines_of(options)
     if machines is not None:  # the engine's rendezvous, with --join_timeout as its timeout
         options = rendezvous_options(options, join_timeout)
     context = LaunchContext(list(argv), cmd, machines, join_timeout)
-    return run_launcher(launch_argv(options, cmd, args, cuda=torch.cuda.is_available()), context)
+    return run_launcher(launch_argv(options, cmd, args, cuda=cuda_available()), context)
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch (~2 CPU seconds) where the answer is
+    certain: False when the installed torch is built without CUDA or ROCm (its ``torch/version.py``,
+    read alone). With a GPU build, torch is asked, as before."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if locations:
+        path = Path(locations[0]) / "version.py"
+        try:
+            version_spec = importlib.util.spec_from_file_location("_bert_mp_torch_version", path)
+            build = importlib.util.module_from_spec(version_spec)
+            version_spec.loader.exec_module(build)
+            if getattr(build, "cuda", None) is None and getattr(build, "hip", None) is None:
+                return False
+        except (OSError, SyntaxError, AttributeError):
+            pass  # another layout: ask torch
+    import torch
+
+    return torch.cuda.is_available()
 
 
 LAUNCH_HELP = """usage: bert-mp launch [ACCELERATE LAUNCH OPTIONS] {train,finetune} [CONFIG.yaml] [key=value ...]

@@ -285,3 +285,34 @@ def test_the_watch_sees_its_launcher_end(monkeypatch):
     assert launcher.LauncherWatch(young.pid).gone()
     young.kill()
     young.wait()
+
+
+def test_the_launcher_knows_a_cpu_build_of_torch_without_importing_it(tmp_path, monkeypatch):
+    """``bert-mp launch`` reads the installed torch's build (its ``version.py``): a CPU build is no
+    CUDA, without torch's start-up; a CUDA or ROCm build asks ``torch.cuda.is_available()``."""
+    import importlib.machinery
+    import importlib.util
+    import subprocess
+    import types
+
+    from bert_mp.core.run import launch
+
+    code = "import sys; from bert_mp.core.run.launch import cuda_available as c; print(c(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    import torch
+
+    if torch.version.cuda is None and torch.version.hip is None:  # this machine's CPU wheel
+        assert out.split() == ["False", "False"]
+    for cuda, hip, asked in ((None, None, False), ("12.8", None, True), (None, "6.4", True)):
+        pkg = tmp_path / f"t{cuda}{hip}" / "torch"
+        pkg.mkdir(parents=True)
+        (pkg / "version.py").write_text(f"cuda = {cuda!r}\nhip = {hip!r}\n")
+        spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+        spec.submodule_search_locations = [str(pkg)]
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, s=spec: s)
+        calls = []
+        fake = types.SimpleNamespace(
+            cuda=types.SimpleNamespace(is_available=lambda c=calls: c.append(1) or True)
+        )
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        assert launch.cuda_available() is asked and bool(calls) is asked
