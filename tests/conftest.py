@@ -82,7 +82,8 @@ def pytest_runtest_protocol(item, nextitem):
 # CPU seconds per test: the test process and every process it started and waited for (the commands
 # under test, their launchers and ranks). Unlike wall time they hardly change with the machine's
 # load, so the suite's cost can be read on a busy machine; the summary lists the dearest tests and
-# the total. BERT_MP_TEST_CPU_REPORT=<file> also writes every test's seconds there as JSON.
+# the total. BERT_MP_TEST_CPU_REPORT=<file> also writes every test's seconds there as JSON
+# (scripts/test.sh writes its masked rerun's beside it, as <file minus .json>.masked.json).
 # --------------------------------------------------------------------------------------------------
 CPU_REPORT_ENV = "BERT_MP_TEST_CPU_REPORT"
 
