@@ -316,3 +316,27 @@ def test_the_launcher_knows_a_cpu_build_of_torch_without_importing_it(tmp_path, 
         )
         monkeypatch.setitem(sys.modules, "torch", fake)
         assert launch.cuda_available() is asked and bool(calls) is asked
+
+
+def test_a_rank_that_relayed_a_stop_outlives_the_agents_second_sigterm():
+    """A machine's first rank passes a stop that reached another machine on to its own launcher and
+    waits for the signal to come back; torch elastic's agent, stopping, may send a SIGTERM again after
+    that: the rank, saved and about to print its stopped line, is not cut short by it."""
+    import subprocess
+
+    from bert_mp.core.run import launcher
+
+    code = (
+        "import os, signal\n"
+        "from bert_mp.core.run.launcher import relay_stop\n"
+        "relay_stop(None, 'signal SIGTERM')  # this process stands in for its launcher: the signal comes back\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # the agent's own SIGTERM, later\n"
+        "print('stopped line', flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    # the child's own pid as its launcher (read from the environment at the call)
+    script = f"import os; os.environ[{launcher.LAUNCHER_PID_ENV!r}] = str(os.getpid())\n" + code
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout == "stopped line\n", (done.returncode, done.stderr[-2000:])
