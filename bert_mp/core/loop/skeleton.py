@@ -34,7 +34,7 @@ from bert_mp.core.numerics.precision import library_versions
 from bert_mp.core.numerics.subnormal import state_tensors
 from bert_mp.core.run.console import tell_launcher_the_run_folder
 from bert_mp.core.run.hold import hold
-from bert_mp.core.run.launcher import LAUNCHER_GONE, LauncherWatch, relay_stop
+from bert_mp.core.run.launcher import LAUNCHER_GONE, LauncherWatch, launcher_pid, relay_stop
 from bert_mp.core.run.run_dir import announce_resume, check_output_dir, hold_run_folder
 from bert_mp.errors import TrainingError
 
@@ -245,16 +245,16 @@ class TrainingLoop(abc.ABC):
         self.flush()
         self.log.close_bar()
         if self.state.stop_reason:
-            with stop_on_signals(
-                self.state
-            ):  # a second signal (a launcher passing one on) waits for the save
+            # a second signal (a launcher passing one on) waits for the save; under bert-mp launch
+            # any later one is ignored: what is left is the stopped line and the exit
+            with stop_on_signals(self.state, then_ignore=launcher_pid() is not None):
                 self.save()
                 summary = self.finish("stopped")
                 # no rank exits before the summary is written: torch elastic's agent ends the other
                 # ranks once one has exited with a stopped run's code
                 self.accelerator.wait_for_everyone()
-            # a signal that reached another machine: this machine's launcher ends the same way
-            relay_stop(self.state.pending_signal, self.state.stop_reason)
+                # a signal that reached another machine: this machine's launcher ends the same way
+                relay_stop(self.state.pending_signal, self.state.stop_reason)
             return summary
         return self.complete()
 

@@ -107,8 +107,14 @@ def working_batch(global_batch: int, micro_batch: int, world: int, global_key: s
 
 
 @contextlib.contextmanager
-def stop_on_signals(state: LoopState) -> Iterator[None]:
-    """SIGTERM / SIGINT ask the loop to save a checkpoint and stop after the current step."""
+def stop_on_signals(state: LoopState, then_ignore: bool = False) -> Iterator[None]:
+    """SIGTERM / SIGINT ask the loop to save a checkpoint and stop after the current step.
+
+    ``then_ignore``: on leaving, the two signals are ignored instead of handled as before - for a
+    rank under ``bert-mp launch`` whose run has stopped and saved: torch elastic's agent sends SIGTERM
+    to the ranks still running once another has exited (or once its launcher passes a signal on), and
+    under the default handling that SIGTERM ended the rank before its stopped line.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -121,7 +127,7 @@ def stop_on_signals(state: LoopState) -> Iterator[None]:
         yield
     finally:
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if then_ignore else h)
 
 
 _FLAG_OF = {"SIGINT": 1.0, "SIGTERM": 1024.0, LAUNCHER_GONE: 1048576.0}

@@ -115,11 +115,4 @@ def relay_stop(pending_signal: str | None, stop_reason: str | None) -> None:
             os.kill(launcher, signum)
             signal.sigtimedwait([signum], RELAY_WAIT_S)
     finally:
-        # The launcher passes the signal to its whole group: torch elastic's agent, stopping, sends
-        # its own SIGTERM to this rank a moment later. The run is saved and its summary written;
-        # what is left is the stopped line and the exit, which a default SIGTERM would cut short
-        # (the line was missing on one launch in a few dozen). The agent's SIGKILL after its grace
-        # still ends a rank that would hang here.
-        for s in {signum, signal.SIGTERM}:
-            signal.signal(s, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])

@@ -318,25 +318,33 @@ def test_the_launcher_knows_a_cpu_build_of_torch_without_importing_it(tmp_path, 
         assert launch.cuda_available() is asked and bool(calls) is asked
 
 
-def test_a_rank_that_relayed_a_stop_outlives_the_agents_second_sigterm():
-    """A machine's first rank passes a stop that reached another machine on to its own launcher and
-    waits for the signal to come back; torch elastic's agent, stopping, may send a SIGTERM again after
-    that: the rank, saved and about to print its stopped line, is not cut short by it."""
+def test_a_stopped_rank_under_a_launcher_outlives_the_agents_sigterm_before_and_after_the_relay():
+    """A machine's first rank, its run stopped and saved, passes the stop on to its own launcher
+    (``relay_stop``) and exits with its stopped line. torch elastic's agent sends SIGTERM to the ranks
+    still running once one has exited, or when the launcher passes a signal on: before the relay (the
+    rank then leaves the relay to the signal already under way) or after it, the rank is not cut
+    short. Each case in a fresh process that stands in for its own launcher."""
     import subprocess
 
     from bert_mp.core.run import launcher
 
     code = (
-        "import os, signal\n"
+        "import os, signal, types\n"
+        "from bert_mp.core.loop.state import stop_on_signals\n"
         "from bert_mp.core.run.launcher import relay_stop\n"
-        "relay_stop(None, 'signal SIGTERM')  # this process stands in for its launcher: the signal comes back\n"
-        "os.kill(os.getpid(), signal.SIGTERM)  # the agent's own SIGTERM, later\n"
-        "print('stopped line', flush=True)\n"
+        "state = types.SimpleNamespace(pending_signal=None)\n"
+        "with stop_on_signals(state, then_ignore=True):\n"
+        "    if EARLY:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)  # the agent's, before the relay\n"
+        "    relay_stop(state.pending_signal, 'signal SIGTERM')  # the launcher (this process) passes it back\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # the agent's, after\n"
+        "print('stopped line', state.pending_signal, flush=True)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
-    # the child's own pid as its launcher (read from the environment at the call)
-    script = f"import os; os.environ[{launcher.LAUNCHER_PID_ENV!r}] = str(os.getpid())\n" + code
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0 and done.stdout == "stopped line\n", (done.returncode, done.stderr[-2000:])
+    for early, pending in ((False, "None"), (True, "SIGTERM")):
+        head = f"import os; os.environ[{launcher.LAUNCHER_PID_ENV!r}] = str(os.getpid()); EARLY = {early}\n"
+        done = subprocess.run(
+            [sys.executable, "-c", head + code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (early, done.returncode, done.stderr[-2000:])
+        assert done.stdout == f"stopped line {pending}\n", early
