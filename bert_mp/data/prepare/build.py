@@ -119,6 +119,16 @@ def _build(cfg: Config, out: Path, force: bool = False) -> dict:
     return stats
 
 
+def no_bar_monitor_thread() -> None:
+    """No tqdm monitor thread in this process: prepare forks its reader and pairing workers while its
+    progress bars are open, and a fork taken while that thread holds a lock (tqdm's, or the stream's
+    it writes a bar to) leaves the lock held in the child for ever. The monitor only splits a bar's
+    refreshes when a huge ``miniters`` stalls it; prepare's bars refresh by time."""
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0
+
+
 def prepare(cfg: Config, force: bool = False) -> Path:
     """The prepared folder for ``cfg.data``, built unless a complete cached copy exists (or ``force``)."""
     data = cfg.data
@@ -128,6 +138,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         console.say(f"reusing {final} (same data config; --force rebuilds)", command="prepare")
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    no_bar_monitor_thread()
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     was_complete = is_complete(final)
 
