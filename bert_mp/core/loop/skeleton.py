@@ -247,7 +247,7 @@ class TrainingLoop(abc.ABC):
         if self.state.stop_reason:
             # a second signal (a launcher passing one on) waits for the save; under bert-mp launch
             # any later one is ignored: what is left is the stopped line and the exit
-            with stop_on_signals(self.state, then_ignore=launcher_pid() is not None):
+            with stop_on_signals(self.state, then_ignore=_a_rank_of_bert_mp_launch()):
                 self.save()
                 summary = self.finish("stopped")
                 # no rank exits before the summary is written: torch elastic's agent ends the other
@@ -285,3 +285,11 @@ class TrainingLoop(abc.ABC):
     def precision_record(self) -> dict[str, Any]:
         """The summary's ``precision``: what took effect (read now, with the loss scale reached)."""
         return self.plan.describe(self.scaler)
+
+
+def _a_rank_of_bert_mp_launch() -> bool:
+    """A process that torch elastic's agent started under ``bert-mp launch``: one that ends right after
+    its run (never the process a loop runs in otherwise, e.g. a test's, which must keep its signals)."""
+    import os
+
+    return launcher_pid() is not None and "TORCHELASTIC_RUN_ID" in os.environ

@@ -4,6 +4,7 @@ in order, and the summary carries the common fields beside the product's."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,6 +224,10 @@ def test_a_rank_whose_launcher_is_gone_stops_after_its_step_like_a_signal(skips,
     assert loop.calls == [*start(5), *tail]
     assert summary["status"] == "stopped" and summary["stop_reason"] == "launcher gone"
     assert loop.state.pending_signal == "launcher gone" and summary["steps"] == 2
+    # not a rank torch elastic started: this process keeps its signals (a process that ignored
+    # SIGTERM would hand that to every process it starts, and Pool.terminate() could not end them)
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
 def test_a_training_error_writes_one_failed_summary_and_propagates(skips):
