@@ -90,9 +90,11 @@ CPU_REPORT_ENV = "BERT_MP_TEST_CPU_REPORT"
 
 def _cpu_seconds() -> float:
     import resource
+    import sys
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    forked = getattr(sys.modules.get("forkserver"), "CPU_SECONDS", 0.0)  # commands a fork server ran
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + forked
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -124,6 +126,13 @@ def pytest_runtest_logreport(report):
     phases = [v for k, v in report.user_properties if k == "cpu_seconds"]
     if phases:
         _CPU_BY_TEST[report.nodeid] = sum(phases)
+
+
+def pytest_sessionfinish(session):
+    import sys
+
+    if "forkserver" in sys.modules:
+        sys.modules["forkserver"].close_servers()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import forkserver
 import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
@@ -421,8 +422,9 @@ def run_unpadded_batch(model: Any, batch: dict) -> tuple[Any, Any, Any]:
 def run_cli(
     *args: str, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """``python -m bert_mp ARGS`` in a fresh process, offline, output captured (``env``: instead of
-    this process's environment, offline)."""
+    """``python -m bert_mp ARGS`` in a process of its own (forked from a server that imported the
+    libraries already: tests/forkserver.py), offline, output captured (``env``: instead of this
+    process's environment, offline)."""
     if env is None:
         env = {
             **os.environ,
@@ -430,7 +432,7 @@ def run_cli(
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
         }
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, "-m", "bert_mp", *args],
         cwd=cwd,
         env=env,
@@ -441,10 +443,10 @@ def run_cli(
 
 
 def start_cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    """``python -m bert_mp ARGS`` started in its own session (:func:`own_session`: its process group is
+    """``python -m bert_mp ARGS`` (tests/forkserver.py) started in its own session (:func:`own_session`: its process group is
     killed when the test ends, however it ends), stdout and stderr piped."""
     return own_session(
-        subprocess.Popen(
+        forkserver.popen(
             [sys.executable, "-m", "bert_mp", *args],
             cwd=cwd,
             env=env,

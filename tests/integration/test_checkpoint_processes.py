@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -112,7 +113,7 @@ def test_cli_checks_the_resume_target_before_any_data_work(tmp_path):
     bad = tmp_path / "final"
     bad.mkdir()
     (bad / "config.json").write_text("{}")
-    proc = subprocess.run(
+    proc = forkserver.run(
         [
             sys.executable,
             "-m",

@@ -1,4 +1,5 @@
-"""Hostile usage through the real CLI (a fresh ``python -m bert_mp`` per case, as a user runs it).
+"""Hostile usage through the real CLI (``python -m bert_mp`` in a process of its own per case, as a
+user runs it: tests/forkserver.py).
 
 Each case asserts the exit code, that stderr is the one documented line (no traceback), and that
 nothing on disk changed where nothing should (paths, sizes and modification times). The cases share

@@ -3,9 +3,9 @@
 
 import json
 import os
-import subprocess
 import sys
 
+import forkserver
 import pytest
 import torch
 from support import finetune_overrides as _overrides
@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 # --------------------------------------------------------------------------------------------------
 def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "bert_mp", "finetune", *_overrides(ckpt, tmp_path)],
         capture_output=True,
         text=True,
@@ -57,7 +57,7 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     assert "pipeline_tag: text-classification" in card and "apple" in card and "test macro-F1" in card
 
     # bert-mp predict on the test file reproduces fine-tuning's test metrics from the export
-    pred = subprocess.run(
+    pred = forkserver.run(
         [
             sys.executable,
             "-m",
@@ -80,7 +80,7 @@ def test_cli_end_to_end_learns_and_exports(tmp_path, ckpt):
     assert metrics["metrics"]["macro_f1"] == pytest.approx(summary["test"]["macro_f1"])
     rows = [json.loads(line) for line in (tmp_path / "p" / "predictions.jsonl").read_text().splitlines()]
     assert [r["row"] for r in rows] == list(range(24)) and {r["label"] for r in rows} <= {"apple", "stone"}
-    bad = subprocess.run(
+    bad = forkserver.run(
         [
             sys.executable,
             "-m",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -156,7 +156,7 @@ def test_sharded_checkpoint_exports_to_a_folder_from_pretrained_loads_with_the_s
     from transformers import BertForPreTraining
 
     dest = tmp_path / "exported"
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "bert_mp", "export", str(runs["fsdp2"]), "--out", str(dest)],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         capture_output=True,

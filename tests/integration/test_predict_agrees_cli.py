@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import forkserver
 import pytest
 from support import FINETUNE_WORDS, hold_env, run_cli, sentence, wait_held
 
@@ -254,7 +255,7 @@ def test_a_stopped_finetune_exits_like_train(tmp_path, ckpt, sig, code):
     args = [f"finetune.checkpoint={ckpt}", "finetune.task=local", f"finetune.train_file={train}"]
     args += [f"finetune.output_dir={out}", "finetune.max_steps=100000", "finetune.progress_bar=false"]
     args += ["finetune.batch_size=8", f"finetune.max_seq_length={MAX_LEN}"]
-    proc = subprocess.Popen(
+    proc = forkserver.popen(
         [sys.executable, "-m", "bert_mp", "finetune", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

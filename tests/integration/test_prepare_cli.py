@@ -1,5 +1,5 @@
-"""`bert-mp prepare` through the real CLI in a fresh interpreter: a hostile corpus is prepared, each
-problem counted."""
+"""`bert-mp prepare` through the real CLI in a process of its own (tests/forkserver.py): a hostile
+corpus is prepared, each problem counted."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 
+import forkserver
 from support import write_corpus
 
 
 def _cli(tmp_path, *args):
-    """The real CLI in a fresh interpreter (what a user runs)."""
-    return subprocess.run(
+    """The real CLI in a process of its own (what a user runs)."""
+    return forkserver.run(
         [sys.executable, "-m", "bert_mp", "prepare", *args, f"data.cache_dir={tmp_path / 'cache'}"],
         capture_output=True,
         text=True,
@@ -66,7 +67,7 @@ def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
         write_corpus(corpus / f"{i}.txt", n_docs=20, seed=i)
     outputs = []
     for run, seed in (("one", "1"), ("two", "2")):
-        r = subprocess.run(
+        r = forkserver.run(
             [sys.executable, "-m", "bert_mp", "prepare", "data.source=text", f"data.paths=[{corpus}]"]
             + ["data.vocab_size=400", "data.max_seq_length=64", f"data.cache_dir={tmp_path / run}"]
             + ["data.vocab_sample_chars=10000"],

@@ -1,8 +1,8 @@
-"""`bert-mp prepare` at the edges through the real CLI in a fresh interpreter: a line of Unicode
-whitespace is a blank line, the tokenizer cache gives each config the tokenizer of its own training
-text whatever ran first, special tokens written in a corpus are text, and the summary flags a
-validation split too small to evaluate, short documents and truncation (the pure functions:
-unit/data/test_whitespace.py, unit/data/test_prepare_edges.py)."""
+"""`bert-mp prepare` at the edges through the real CLI in a process of its own (tests/forkserver.py):
+a line of Unicode whitespace is a blank line, the tokenizer cache gives each config the tokenizer
+of its own training text whatever ran first, special tokens written in a corpus are text, and the
+summary flags a validation split too small to evaluate, short documents and truncation (the pure
+functions: unit/data/test_whitespace.py, unit/data/test_prepare_edges.py)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+import forkserver
 import pytest
 from support import make_tokenizer
 
@@ -96,7 +96,7 @@ def test_three_nsp_shares_prepared_by_three_processes_train_together(corpus):
     folders, memory = [], []
     for i in range(3):  # each share by its own process, as each machine of a Slurm array would
         args = _data(corpus, "data.cache_dir=nsp_shares", f"data.tokenizer={tokenizer}", f"data.shard={i}/3")
-        proc = subprocess.run(
+        proc = forkserver.run(
             [sys.executable, "-m", "bert_mp", "prepare", *args],
             cwd=corpus,
             env=env,
@@ -122,7 +122,7 @@ def test_three_nsp_shares_prepared_by_three_processes_train_together(corpus):
         "train.progress_bar=false",
         "train.output_dir=run",
     ]
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "bert_mp", "train", *train],
         cwd=corpus,
         env=env,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 from support import ROOT, cpu_mask_plus
 from support import finetune_overrides as _overrides
 
@@ -20,7 +21,7 @@ ENV.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
 
 
 def _cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, "-m", "bert_mp", *args],
         cwd=cwd,
         env=env or ENV,

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import forkserver
 import pytest
 
 
 @pytest.mark.parametrize("command", ["train", "finetune"])
 def test_cli_refuses_a_used_run_folder_in_one_line_before_any_work(tmp_path, command):
     import os
-    import subprocess
     import sys
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1, "kind": "train"}\n')
     before = sorted(p.name for p in run.rglob("*"))
-    proc = subprocess.run(
+    proc = forkserver.run(
         [
             sys.executable,
             "-m",

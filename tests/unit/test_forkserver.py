@@ -1,0 +1,104 @@
+"""The suite's fork server (tests/forkserver.py): a command it runs says, writes and exits exactly as
+the same command in a fresh interpreter, and whatever it cannot run faithfully runs fresh."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import forkserver
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _both(args: list[str], cwd) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    cmd = [sys.executable, "-m", "bert_mp", *args]
+    forkserver.server_for(ENV)
+    forked = forkserver.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    fresh = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    return forked, fresh
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["config", "train.precision"],  # exit 0, stdout only
+        ["train", "nosuch=1", "data.cache_dir=d"],  # exit 2, one line on stderr, nothing written
+        ["report", "no/such/sweep"],
+    ],
+)
+def test_a_forked_command_says_writes_and_exits_as_a_fresh_one(tmp_path, args):
+    before = forkserver.CPU_SECONDS
+    forked, fresh = _both(args, tmp_path)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert before < forkserver.CPU_SECONDS  # the child's CPU seconds reach the suite's CPU report
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_command_has_its_own_process_session_and_exit_status(tmp_path):
+    forkserver.server_for(ENV)
+    proc = forkserver.popen(
+        [sys.executable, "-m", "bert_mp", "config", "train"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    assert isinstance(proc, forkserver.ForkedProcess)
+    assert proc.pid not in (os.getpid(), *(s.proc.pid for s in forkserver._SERVERS.values()))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and b"train.precision" in out and err is None
+
+
+def test_what_a_server_cannot_run_faithfully_runs_fresh():
+    for args in (["--debug", "config"], ["launch", "--help"]):  # full tracebacks; a launcher
+        proc = forkserver.popen([sys.executable, "-m", "bert_mp", *args], env=ENV, stdout=subprocess.DEVNULL)
+        assert type(proc) is subprocess.Popen and proc.wait(timeout=300) == 0
+    proc = forkserver.popen([sys.executable, "-c", "pass"], env=ENV)  # not a bert_mp command
+    assert type(proc) is subprocess.Popen and proc.wait(timeout=300) == 0
+    debug = {**ENV, "BERT_MP_DEBUG": "1"}
+    proc = forkserver.popen(
+        [sys.executable, "-m", "bert_mp", "config", "train"], env=debug, stdout=subprocess.DEVNULL
+    )
+    assert type(proc) is subprocess.Popen and proc.wait(timeout=300) == 0
+
+
+def test_a_server_whose_imports_print_is_not_used():
+    """Python's import trace on stderr stands for any library that speaks at import: a fresh process
+    would print it, a forked child could not, so the server refuses and its commands run fresh."""
+    env = {**ENV, "PYTHONVERBOSE": "1"}
+    server = forkserver.server_for(env)
+    assert server.problem and server.problem.startswith("the imports printed")
+    proc = forkserver.popen(
+        [sys.executable, "-m", "bert_mp", "config", "train"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert type(proc) is subprocess.Popen
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and b"import " in err
+
+
+def test_a_child_environment_is_the_command_s_plus_what_the_imports_set():
+    """Variables the imports set (quiet_libraries' defaults, the oneDNN cap of BERT_MP_CPU_MASK) are
+    applied as the imports would have; the command's own values of the runtime-only ones stay."""
+    job = {"PATH": "/bin", "BERT_MP_HOLD": "step:2", "TRANSFORMERS_VERBOSITY": "error", "GONE": "1"}
+    delta = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "TRANSFORMERS_VERBOSITY": "error"}
+    assert forkserver.child_environment(job, delta, ["GONE"]) == {
+        "PATH": "/bin",
+        "BERT_MP_HOLD": "step:2",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI",
+    }
+
+
+def test_the_import_environment_keys_the_server():
+    base = {"PATH": "/bin", "HF_HOME": "/h"}
+    key = forkserver.import_key
+    assert key({**base, "BERT_MP_HOLD": "step:1", "PYTEST_CURRENT_TEST": "t (call)"}) == key(base)
+    assert key({**base, "BERT_MP_CPU_MASK": "all"}) != key(base)  # read at import (the oneDNN cap)
+    assert key({**base, "HF_HOME": "/other"}) != key(base)  # a library's import-time setting
