@@ -43,7 +43,8 @@ RUNTIME_ONLY_PREFIXES = ("BERT_MP_",)
 """bert_mp's own switches are read when a command acts on them (hold points, traces, launcher
 facts), never at import; the two below are the exceptions."""
 IMPORT_TIME = ("BERT_MP_CPU_MASK", "BERT_MP_DEBUG")
-RUNTIME_ONLY = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_TESTRUNUID")
+RUNTIME_ONLY = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_TESTRUNUID", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+"""The last: read when a launcher's config is made (set by a sweep for its runs)."""
 MAX_SERVERS = 4
 CPU_SECONDS = 0.0
 """CPU seconds of the servers' imports and of the children they ran, for the suite's CPU report."""
@@ -58,7 +59,11 @@ def _runtime_only(name: str) -> bool:
 
 
 def import_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """What a server is kept by: ``env`` without the variables read only at run time."""
+    """What a server is kept by: ``env`` without the variables read only at run time, with the
+    defaults ``quiet_libraries()`` sets before any import (a command sets them the same way)."""
+    from bert_mp.core.run.noise import QUIET_ENV
+
+    env = {**QUIET_ENV, **env}
     return tuple(sorted((k, v) for k, v in env.items() if not _runtime_only(k)))
 
 
@@ -135,10 +140,11 @@ def _serve(path: str) -> None:
 
     gc.collect()
     gc.freeze()  # the imported objects out of the children's collections: no copy-on-write of them
-    _loop(listener, delta, removed)
+    home = (path, import_key(child_environment(before, delta, removed)), delta, removed)
+    _loop(listener, home)
 
 
-def _loop(listener: socket.socket, delta: dict[str, str], removed: list[str]) -> None:
+def _loop(listener: socket.socket, home: tuple) -> None:
     """Accept jobs and fork them until stdin closes (the pytest worker is gone). Single-threaded: a
     pidfd per child says when to reap it, so no thread exists to be lost in a fork."""
     import selectors
@@ -147,7 +153,8 @@ def _loop(listener: socket.socket, delta: dict[str, str], removed: list[str]) ->
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin, selectors.EVENT_READ, "parent")
     own: list[Any] = [listener, sys.stdin]  # closed in each child
-    running: dict[int, tuple[socket.socket, int, int]] = {}  # pidfd -> (conn, pid, pidfd)
+    running: dict[int, tuple[socket.socket, int, int, int]] = {}  # pidfd -> (conn, pid, pidfd, asker)
+    credit: dict[int, float] = {}  # pid -> CPU seconds of the commands it asked for that ended
     while True:
         for key, _ in sel.select():
             if key.data == "parent":
@@ -161,41 +168,47 @@ def _loop(listener: socket.socket, delta: dict[str, str], removed: list[str]) ->
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    for obj in own + [conn] + [c for c, _, _ in running.values()]:
+                    for obj in own + [conn] + [c for c, *_ in running.values()]:
                         with contextlib.suppress(OSError):
                             obj.close()
                     for pidfd in running:
                         with contextlib.suppress(OSError):
                             os.close(pidfd)
                     sel.close()
-                    _child(job, fds, delta, removed)  # raises SystemExit, or what the command raised
+                    _child(job, fds, home)  # raises SystemExit, or what the command raised
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
-                running[pidfd] = (conn, pid, pidfd)
+                running[pidfd] = (conn, pid, pidfd, job["asker"])
                 sel.register(pidfd, selectors.EVENT_READ, "child")
                 with contextlib.suppress(OSError):
                     conn.send(json.dumps({"pid": pid}).encode())
             else:
-                conn, pid, pidfd = running.pop(key.fd)
+                conn, pid, pidfd, asker = running.pop(key.fd)
                 sel.unregister(pidfd)
                 os.close(pidfd)
                 _, status, usage = os.wait4(pid, 0)
-                reply = {
-                    "returncode": os.waitstatus_to_exitcode(status),
-                    "cpu": usage.ru_utime + usage.ru_stime,
-                }
+                cpu = usage.ru_utime + usage.ru_stime + credit.pop(pid, 0.0)
+                if any(asker == p for _, p, _, _ in running.values()):
+                    # a command one of this server's children asked for (a sweep's run) would have
+                    # been that child's child: its CPU seconds count in that child's
+                    credit[asker] = credit.get(asker, 0.0) + cpu
+                reply = {"returncode": os.waitstatus_to_exitcode(status), "cpu": cpu}
                 with contextlib.suppress(OSError):
                     conn.send(json.dumps(reply).encode())
                 conn.close()
 
 
-def _child(job: dict, fds: list[int], delta: dict[str, str], removed: list[str]) -> None:
+def _child(job: dict, fds: list[int], home: tuple) -> None:
     """Become the command: its environment, folder, session and standard streams; then run it as
     ``python -m bert_mp`` would. Never returns: the command's SystemExit (or exception) ends the
     interpreter the normal way (atexit handlers, thread joins, a traceback, Ctrl-C's exit)."""
     import runpy
 
+    global _HOME
+    _HOME = home
+    _route_sweep_runs(None)  # a sweep's runs: forked from this server too, where their environment allows
+    _, _, delta, removed = home
     env = child_environment(job["env"], delta, removed)
     os.environ.clear()
     os.environ.update(env)
@@ -278,14 +291,47 @@ class _Server:
 
 _SERVERS: dict[tuple, _Server] = {}
 _SEEN: set[tuple] = set()
+_HOME: tuple | None = None
+"""In a forked child: the server it came from (socket path, import key after the imports, what the
+imports set and removed). A command it starts goes to that server or runs fresh; it starts none."""
 
 
-def _server(env: dict[str, str]) -> _Server | None:
-    """The server for ``env``'s import environment; None the first time one is asked for: a server
-    costs one start-up of its own, repaid from the second command on, and many a command in a new
-    environment is a one-off mistake that a fresh process reports before importing anything."""
+class _Home:
+    problem = None
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def _route_sweep_runs(monkeypatch: Any) -> None:
+    """A sweep's runs through :func:`popen` (``bert_mp.sweep.runner.start_run``), their CPU seconds
+    counted as its children's. ``monkeypatch``: undone when the test ends (an in-process sweep);
+    None: for good (a forked child)."""
+    from bert_mp.sweep import runner
+
+    def children_cpu_seconds() -> float:
+        return runner._children_cpu_seconds() + CPU_SECONDS
+
+    setattr_ = monkeypatch.setattr if monkeypatch is not None else setattr
+    setattr_(runner, "start_run", popen)
+    setattr_(runner, "children_cpu_seconds", children_cpu_seconds)
+
+
+def route_sweep_runs(monkeypatch: Any) -> None:
+    """For a test that runs a sweep in its own process: its runs are forked from a server."""
+    _route_sweep_runs(monkeypatch)
+
+
+def _server(env: dict[str, str], eager: bool = False) -> _Server | None:
+    """The server for ``env``'s import environment; None the first time one is asked for (unless
+    ``eager``: a sweep, whose runs repay it): a server costs one start-up of its own, repaid from the
+    second command on, and many a command in a new environment is a one-off mistake that a fresh
+    process reports before importing anything."""
+    if _HOME is not None:
+        path, key, delta, removed = _HOME
+        return _Home(path) if import_key(child_environment(env, delta, removed)) == key else None
     key = import_key(env)
-    if key not in _SEEN:
+    if key not in _SEEN and not eager:
         _SEEN.add(key)
         return None
     return server_for(env)
@@ -472,7 +518,7 @@ def popen(
     rest = _bert_mp_args(args)
     env = dict(os.environ if env is None else env)
     use = rest is not None and os.environ.get(SWITCH_ENV, "1") != "0" and env.get("BERT_MP_DEBUG") != "1"
-    server = _server(env) if use else None
+    server = _server(env, eager=rest[:1] == ["sweep"]) if use else None
     if server is None or server.problem:
         return subprocess.Popen(
             args,
@@ -492,6 +538,7 @@ def popen(
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect(server.path)
         job = {
+            "asker": os.getpid(),
             "args": rest,
             "env": env,
             "cwd": os.path.abspath(cwd or os.getcwd()),

@@ -210,6 +210,18 @@ def _last_error(log_path: Path) -> str:
     return (errors[-1] if errors else (lines[-1] if lines else "no output")).strip()[:500]
 
 
+def _children_cpu_seconds() -> float:
+    """CPU seconds of this process's ended, waited-for children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+start_run = subprocess.Popen
+"""How a run's process starts (the test suite forks runs from a server that imported the libraries
+once: tests/forkserver.py, which also counts their CPU seconds in :func:`children_cpu_seconds`)."""
+children_cpu_seconds = _children_cpu_seconds
+
+
 def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "launch.log"
@@ -218,12 +230,11 @@ def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
         "TOKENIZERS_PARALLELISM": "false",
     }  # ranks get time to save on a signal
     t0 = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu0 = before.ru_utime + before.ru_stime
+    cpu0 = children_cpu_seconds()
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = start_run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             returncode = proc.wait()
         except BaseException:
@@ -237,8 +248,7 @@ def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
             raise
     run.wall_s = time.perf_counter() - t0
     # CPU seconds of the run's processes: on a shared machine a steadier cost figure than wall time
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run.cpu_s = (after.ru_utime + after.ru_stime) - cpu0
+    run.cpu_s = children_cpu_seconds() - cpu0
     run.returncode = returncode
     summary = RunSummary.load(run_dir)
     run.status = summary.status if summary else "failed"

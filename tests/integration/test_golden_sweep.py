@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import forkserver
 from support import GOLDEN_EVAL_KEYS as EVAL_KEYS
 from support import GOLDEN_RECORD as RECORD
 from support import GOLDEN_RTOL as RTOL
@@ -107,6 +108,7 @@ def run_precision(run_name: str) -> str:
 
 def test_golden_sweep(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    forkserver.route_sweep_runs(monkeypatch)  # each run a process of its own, forked from a server
     got = sweep_run(tmp_path)
     if RECORD:
         _record("sweep", None, got)

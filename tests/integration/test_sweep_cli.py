@@ -3,6 +3,7 @@ corpus; then a run made to diverge must fail its verdict."""
 
 from pathlib import Path
 
+import forkserver
 import pytest
 from support import ROOT
 
@@ -59,6 +60,7 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(precision, "resolve_precision", no_tf32)
     monkeypatch.chdir(ROOT)
+    forkserver.route_sweep_runs(monkeypatch)  # each run a process of its own, forked from a server
     overrides = _tiny_overrides(tmp_path)
     assert main(["sweep", "configs/quickstart_sweep.yaml", *overrides]) == 0
     out = capsys.readouterr().out
@@ -80,6 +82,9 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
         p.name for p in (root / "plots").glob("*.png")
     }
     assert "bert-mp sweep: report" in out and "bf16" in out
+    # each trained run's CPU seconds are its processes' (forked from a server or not: never zero)
+    trained = [r for r in json.loads((root / "sweep.json").read_text())["runs"] if r["status"] == "completed"]
+    assert len(trained) == 4 and all(r["cpu_s"] > 0.2 for r in trained), trained
 
     # a re-run keeps the finished runs instead of training them again
     assert main(["sweep", "configs/quickstart_sweep.yaml", *overrides]) == 0

@@ -100,5 +100,9 @@ def test_the_import_environment_keys_the_server():
     base = {"PATH": "/bin", "HF_HOME": "/h"}
     key = forkserver.import_key
     assert key({**base, "BERT_MP_HOLD": "step:1", "PYTEST_CURRENT_TEST": "t (call)"}) == key(base)
+    assert key({**base, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}) == key(base)  # a sweep's runs
+    # quiet_libraries() sets its defaults before any import: having them already changes nothing
+    assert key({**base, "TRANSFORMERS_VERBOSITY": "error"}) == key(base)
+    assert key({**base, "TRANSFORMERS_VERBOSITY": "info"}) != key(base)
     assert key({**base, "BERT_MP_CPU_MASK": "all"}) != key(base)  # read at import (the oneDNN cap)
     assert key({**base, "HF_HOME": "/other"}) != key(base)  # a library's import-time setting
