@@ -121,6 +121,10 @@ def _serve(path: str) -> None:
 
     if threading.active_count() > 1 and problem is None:
         problem = f"{threading.enumerate()} after the imports: forking would copy one of them only"
+    try:  # how a child's end is seen (Linux 5.3+)
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as e:
+        problem = problem or f"no pidfd on this system: {e!r}"
     after = dict(os.environ)
     delta = {k: v for k, v in after.items() if before.get(k) != v}
     removed = [k for k in before if k not in after]
