@@ -277,6 +277,10 @@ class _Server:
         self.problem = ready["problem"]
         CPU_SECONDS += ready["cpu"]
         if self.problem:
+            import warnings
+
+            # said once per server, in pytest's warnings summary: these commands now start fresh
+            warnings.warn(f"fork server not used, its commands run fresh: {self.problem}", stacklevel=3)
             self.close()
 
     def close(self) -> None:

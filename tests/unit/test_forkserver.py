@@ -70,7 +70,8 @@ def test_a_server_whose_imports_print_is_not_used():
     """Python's import trace on stderr stands for any library that speaks at import: a fresh process
     would print it, a forked child could not, so the server refuses and its commands run fresh."""
     env = {**ENV, "PYTHONVERBOSE": "1"}
-    server = forkserver.server_for(env)
+    with pytest.warns(UserWarning, match="fork server not used, its commands run fresh: the imports printed"):
+        server = forkserver.server_for(env)
     assert server.problem and server.problem.startswith("the imports printed")
     proc = forkserver.popen(
         [sys.executable, "-m", "bert_mp", "config", "train"],
