@@ -10,6 +10,8 @@ see one module whose ``forward`` does all the work.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -241,6 +243,7 @@ def compile_model(
         raise ConfigError(f"train.compile={mode!r}; choose one of {', '.join(COMPILE_MODES)}")
     if mode == "none":
         return model
+    importlib.import_module(_CUDAGRAPH_TREES)  # mark_step marks from the first step (see there)
     if deterministic:
         deterministic_inductor()
     options: dict[str, Any] = {"dynamic": dynamic}
@@ -278,10 +281,20 @@ def compile_counters() -> dict[str, int]:
     }
 
 
+_CUDAGRAPH_TREES = "torch._inductor.cudagraph_trees"
+
+
 def mark_step() -> None:
     """Tell CUDA graphs (``train.compile_mode=reduce-overhead`` / ``max-autotune``) that a new step
     begins: the outputs of the previous replay are no longer read, so the next replay may reuse their
-    memory. Call before each forward of a compiled model; without CUDA graphs it only bumps a counter."""
+    memory. Call before each forward; without CUDA graphs it only bumps their counter.
+
+    A process that compiles nothing never imports inductor's CUDA-graph trees (0.5 CPU s of imports,
+    ``torch._inductor.compile_fx`` with them), so no tree can exist to read the counter: the mark is
+    skipped there. :func:`compile_model` imports the trees before the first step, so a compiled run
+    marks every step from the first, as before."""
+    if _CUDAGRAPH_TREES not in sys.modules:
+        return
     mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
     if mark is not None:
         mark()

@@ -318,6 +318,30 @@ def test_compile_option_keeps_keys_and_runs():
     assert torch.isfinite(out["mlm_loss_sum"])
 
 
+def test_mark_step_marks_only_where_cuda_graph_trees_can_exist(monkeypatch):
+    """An uncompiled process skips the mark (no tree can read it; the trees' import costs 0.5 CPU s);
+    compile_model imports the trees, so a compiled model is marked from its first step. (The trees'
+    module is stood in for by a harmless stdlib module, so torch's own is never imported twice.)"""
+    import sys
+
+    from bert_mp.model import bert
+
+    assert bert._CUDAGRAPH_TREES == "torch._inductor.cudagraph_trees"
+    trees = "json.tool"
+    marks = []
+    monkeypatch.setattr(bert, "_CUDAGRAPH_TREES", trees)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.delitem(sys.modules, trees, raising=False)
+    bert.mark_step()
+    compile_model(_tiny(), "none")
+    bert.mark_step()
+    assert marks == [] and trees not in sys.modules
+    compile_model(_tiny(), "layers")  # before any forward: nothing is compiled yet
+    assert trees in sys.modules
+    bert.mark_step()
+    assert marks == [1]
+
+
 def test_loader_defaults_follow_the_device():
     assert loader_kwargs(-1, None, CPU) == {"num_workers": 0, "pin_memory": False}
     cuda = loader_kwargs(-1, None, torch.device("cuda"))
