@@ -120,7 +120,7 @@ def test_recorder_basics():
     p = torch.nn.Parameter(torch.ones(3))
     host = torch.arange(4)
     with HostSyncRecorder() as rec:
-        loss = (p * 2).sum()
+        loss = (p * 2).sum().detach()  # read as the loop reads its losses: detached
         int((host > 1).sum())  # a host tensor: free
         torch.full((), 3.0, device=torch.device("cpu"))  # a fill on the device: free
         host.to(torch.device("cpu"), non_blocking=True)  # an asynchronous copy: free
