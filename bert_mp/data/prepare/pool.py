@@ -105,8 +105,9 @@ def pair_blocks(
     Arrow file per split. With more, a process pool takes the blocks longest first (cost =
     characters; where there are few blocks per worker, large ones are encoded in pieces first:
     :func:`_work_units`), each worker taking the next job as it finishes (so the workers end close
-    together), and writes each block's examples to a file of its own; the files are then joined
-    in (split, block) order. The rows are the same for any ``num_proc``.
+    together), and writes each block's examples to a file of its own; a split is its block files in
+    (split, block) order, read in place (memory-mapped: the prepared folder's shards, written from
+    them, are the one copy). The rows are the same for any ``num_proc``.
     """
     from datasets import Dataset
     from tqdm.auto import tqdm
@@ -130,13 +131,12 @@ def pair_blocks(
         else:
             costs = [int(chars[blocks[s][b]].sum()) for s, b in keys]
             _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats, bar)
-            for s, path in enumerate(split_files):
-                _join_block_files(
-                    [_block_file(out_dir, s, b) for b in range(len(blocks[s]))], path, pairer.schema
-                )
     out, block_stats = {}, {}
     for s, name in enumerate(SPLITS):
-        out[name] = Dataset.from_file(str(split_files[s]))
+        if num_proc <= 1:
+            out[name] = Dataset.from_file(str(split_files[s]))
+        else:  # the block files in order, memory-mapped: save_to_disk makes the one copy
+            out[name] = _joined([_block_file(out_dir, s, b) for b in range(len(blocks[s]))], pairer.schema)
         block_stats[s] = [stats[s, b] for b in range(len(blocks[s]))]
         written = sum(st["examples"] for st in block_stats[s])
         if written != len(out[name]):
@@ -195,11 +195,11 @@ def _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats,
             raise
 
 
-def _join_block_files(files: list[Path], out: Path, schema: pa.Schema) -> None:
-    """The block files' record batches, in order, into one Arrow stream file; each removed once copied."""
-    with arrow_stream(out, schema) as writer:
-        for path in files:
-            with pa.memory_map(str(path)) as src:
-                for batch in pa.ipc.open_stream(src):
-                    writer.write_batch(batch)
-            path.unlink()
+def _joined(files: list[Path], schema: pa.Schema) -> Any:
+    """The block files' rows, in order, as one ``Dataset`` over the memory-mapped files (no copy:
+    the prepared folder's shards are written from it once, by ``save_to_disk``)."""
+    from datasets import Dataset, concatenate_datasets
+
+    parts = [Dataset.from_file(str(path)) for path in files]
+    parts = [d for d in parts if len(d)] or [Dataset(pa.Table.from_batches([], schema))]
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
