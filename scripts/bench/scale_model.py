@@ -9,7 +9,7 @@ Inputs, each from the file named in the output:
   as the padded path computes every position;
 - the multi-process scaling efficiency measured on CPU (``docs/benchmarks/scaling_cpu.json``);
 - prepare's seconds per stage, the vocabulary stage included, for 1 GB of generated text on a 2-vCPU
-  machine with ``data.num_proc=2`` (``docs/benchmarks/prepare_scale_1GB.json``) and its peak memory per
+  machine with ``data.num_proc=2``, idle (``docs/benchmarks/prepare_scale_1GB_idle.json``) and its peak memory per
   share (``docs/benchmarks/prepare_shards_cpu.json``).
 
 Other models and lengths are projected at the measured MFU: positions/s scale with the inverse of the
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LEVERS = "docs/benchmarks/gpu_check_h200/command_8_levers/levers.json"
 PATHS = "docs/benchmarks/gpu_check_h200/command_3_paths/paths.json"
 SCALING = "docs/benchmarks/scaling_cpu.json"
-PREPARE = "docs/benchmarks/prepare_scale_1GB.json"
+PREPARE = "docs/benchmarks/prepare_scale_1GB_idle.json"
 SHARDS = "docs/benchmarks/prepare_shards_cpu.json"
 BEST_LEVER = "cuda_graphs"
 """The fastest ladder row that keeps BERT's dropout (the faster ``+no_dropout`` row changes the recipe)."""
