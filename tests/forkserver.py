@@ -93,6 +93,24 @@ def _preload() -> None:
         importlib.import_module(module)
 
 
+class _Spoke(Exception):
+    """Raised by :class:`_SpeechWatch`: the imports have printed something."""
+
+
+class _SpeechWatch:
+    """An import hook that ends the server's imports at the first import after anything was printed
+    (the server is refused then anyway): a library that speaks early costs a fraction of the imports."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        sys.stdout.flush()
+        if os.fstat(self.fd).st_size:
+            raise _Spoke(name)
+        return None
+
+
 def _serve(path: str) -> None:
     ready = os.fdopen(os.dup(1), "w")
     before = dict(os.environ)
@@ -103,10 +121,16 @@ def _serve(path: str) -> None:
         saved = os.dup(1), os.dup(2)
         os.dup2(said.fileno(), 1)
         os.dup2(said.fileno(), 2)
+        watch = _SpeechWatch(said.fileno())
+        sys.meta_path.insert(0, watch)
         try:
             _preload()
+        except _Spoke:  # refused at the first import after something printed: no need to import the rest
+            pass
         except BaseException as e:  # noqa: BLE001 (reported to the client, which runs fresh instead)
             problem = f"the imports failed: {e!r}"
+        finally:
+            sys.meta_path.remove(watch)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)

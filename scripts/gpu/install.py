@@ -97,16 +97,20 @@ def installed_versions(python: str) -> dict[str, str]:
 
 
 def _device_info() -> dict[str, Any]:
+    """The device and the versions this machine's Python finds, carried ``.gpu_site/`` first (the
+    environment every later phase runs in). Only torch is imported (for the device); the rest are read
+    from their installed metadata: importing transformers, datasets and bert_mp's trainer here cost
+    4-5 CPU s per command (every command starts on a fresh machine), and the first phase imports
+    them anyway, failing with the import's own error."""
     code = (
-        "import json, torch, transformers, accelerate, sys\n"
-        "d = {'python': sys.version.split()[0], 'torch': torch.__version__, 'cuda': torch.version.cuda,"
-        " 'transformers': transformers.__version__, 'accelerate': accelerate.__version__}\n"
-        "import datasets, omegaconf; d['datasets'] = datasets.__version__; d['omegaconf'] = omegaconf.__version__\n"
-        "import pytest; d['pytest'] = pytest.__version__\n"
-        "import bert_mp.pretrain.trainer\n"
+        "import importlib.metadata as m, importlib.util as u, json, sys, torch\n"
+        "d = {'python': sys.version.split()[0], 'torch': torch.__version__, 'cuda': torch.version.cuda}\n"
+        "for n in ('transformers', 'accelerate', 'datasets', 'omegaconf', 'pytest'): d[n] = m.version(n)\n"
+        "spec = u.find_spec('bert_mp')\n"
+        "assert spec is not None and spec.origin, 'bert_mp is not importable here'\n"
         "dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu (no CUDA)'\n"
         "cap = '.'.join(map(str, torch.cuda.get_device_capability(0))) if torch.cuda.is_available() else None\n"
-        "print(json.dumps({'versions': d, 'device': dev, 'capability': cap, 'bert_mp': bert_mp.__file__}))\n"
+        "print(json.dumps({'versions': d, 'device': dev, 'capability': cap, 'bert_mp': spec.origin}))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=settings.ROOT, env=child_env(), capture_output=True, text=True
