@@ -50,6 +50,12 @@ prepare against a baseline that gets the same allocator, so a faster allocator i
 less pipeline overhead)."""
 
 
+def rotated(kinds: list[str], trial: int) -> list[str]:
+    """The measured kinds of trial ``trial`` (from 0), rotated: over ``len(kinds)`` trials each kind runs
+    first once, so none always meets the machine first (cold caches, a settling CPU clock)."""
+    return [kinds[(trial + i) % len(kinds)] for i in range(len(kinds))]
+
+
 def parse_size(text: str) -> int:
     units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
     t = text.strip().upper()
@@ -464,7 +470,7 @@ def main() -> None:
                     kinds.remove("tokenize-same-malloc")
                 if args.prepare_only:
                     kinds = ["prepare"]
-                order = tuple(kinds[(r + i) % len(kinds)] for i in range(len(kinds)))  # rotated
+                order = tuple(rotated(kinds, r))
                 got = {kind: run_child(kind, args, files, tokenizer, n, extra) for kind in order}
                 prep = got["prepare"]
                 tok = got.get("tokenize") or {

@@ -41,7 +41,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process on every 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 from bench.generated_text import manifest, write_generated_corpus  # noqa: E402
 from bench.harness import machine_record, write_report  # noqa: E402
-from bench.prepare import MemorySampler, parse_size  # noqa: E402
+from bench.prepare import MemorySampler, parse_size, rotated  # noqa: E402
 
 
 def _cpu_seconds() -> float:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ["given", "tokenize", *(["tokenize_same_malloc"] if args.same_malloc else [])]
     for r in range(args.repeat):
         got = {}
-        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:  # rotated
+        for kind in rotated(kinds, r):
             if kind == "given":
                 got[kind] = _child("prepare", str(corpus), str(args.workdir / "cache"), given)
             else:

@@ -68,3 +68,19 @@ def test_a_prepare_and_a_tokenize_only_are_measured_alike_and_summarized(corpus,
     assert summary["peak_anon_ratio_to_references"] == {"100KB": 1.0}
     assert summary["given_tokenizer_ratio_median"]["whole"] == ratios["whole"]
     json.dumps(summary)  # what the report writes
+
+
+def test_trials_rotate_the_kinds():
+    """Both prepare benchmarks order a trial's measurements so that each kind runs first in turn."""
+    rotated = load_script("bench/prepare").rotated
+    kinds = ["tokenize", "prepare", "tokenize-same-malloc"]
+    orders = [rotated(kinds, r) for r in range(4)]
+    assert orders == [
+        ["tokenize", "prepare", "tokenize-same-malloc"],
+        ["prepare", "tokenize-same-malloc", "tokenize"],
+        ["tokenize-same-malloc", "tokenize", "prepare"],
+        ["tokenize", "prepare", "tokenize-same-malloc"],
+    ]
+    assert rotated(["given", "tokenize"], 1) == ["tokenize", "given"] and rotated(["prepare"], 5) == [
+        "prepare"
+    ]
