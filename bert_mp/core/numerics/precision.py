@@ -21,9 +21,12 @@ Semantics:
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import platform
+import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -544,6 +547,26 @@ def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
         torch.set_float32_matmul_precision(saved[2])
 
 
+def inductor_cache_of_its_own() -> None:
+    """Under ``ATEN_CPU_CAPABILITY`` (ATen's kernels as on a weaker CPU, e.g. ``avx2`` with
+    ``BERT_MP_CPU_MASK=all``), a cache of inductor's own: its cache is not keyed by that variable,
+    although its CPU code follows it, and a compiled step that reused the kernels built for the
+    machine's own vector width stopped with ``index out of bounds`` (torch 2.13.0, ``avx2`` on an
+    AVX512 EPYC; the same step passed with a fresh cache). The folder is inductor's default one with
+    ``_aten_<capability>`` appended; a ``TORCHINDUCTOR_CACHE_DIR`` of the user's is left alone."""
+    cap = re.sub(r"[^a-z0-9]+", "_", os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower())
+    if not cap or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return
+    try:  # inductor's default folder (torch._inductor.runtime.cache_dir_utils, whose import costs seconds)
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{user}_aten_{cap}"
+    )
+
+
 # The mask caps oneDNN before its first kernel; a bad mask is reported by cpu_capabilities().
 with contextlib.suppress(HardwareError):
     apply_cpu_mask_to_onednn()
+inductor_cache_of_its_own()

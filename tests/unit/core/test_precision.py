@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
@@ -158,6 +159,23 @@ def test_mask_names_are_checked_and_cap_onednn(monkeypatch):
     monkeypatch.setenv(precision.CPU_MASK_ENV, "avx512,fp16")
     with pytest.raises(HardwareError, match="unknown feature.*avx512"):
         precision.cpu_capabilities()
+
+
+def test_an_aten_capability_gets_an_inductor_cache_of_its_own(monkeypatch, tmp_path):
+    """Inductor's cache is not keyed by ATEN_CPU_CAPABILITY: a process under it gets its own folder,
+    unless the user named one; without it nothing changes."""
+    monkeypatch.setattr(precision.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    precision.inductor_cache_of_its_own()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", " AVX2 ")
+    precision.inductor_cache_of_its_own()
+    folder = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert folder.startswith(str(tmp_path / "torchinductor_")) and folder.endswith("_aten_avx2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
+    precision.inductor_cache_of_its_own()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
 
 
 def test_native_precision_is_not_marked_emulated(monkeypatch):
