@@ -139,7 +139,7 @@ def _serve(path: str) -> None:
             os.close(fd)
         said.seek(0)
         printed = said.read().decode(errors="replace")
-    if printed and problem is None:
+    if printed:  # first: a failure after the watch stopped the imports is its consequence
         problem = f"the imports printed: {printed[:800]!r}"
     import threading
 
