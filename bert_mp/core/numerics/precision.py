@@ -553,17 +553,22 @@ def inductor_cache_of_its_own() -> None:
     although its CPU code follows it, and a compiled step that reused the kernels built for the
     machine's own vector width stopped with ``index out of bounds`` (torch 2.13.0, ``avx2`` on an
     AVX512 EPYC; the same step passed with a fresh cache). The folder is inductor's default one with
-    ``_aten_<capability>`` appended; a ``TORCHINDUCTOR_CACHE_DIR`` of the user's is left alone."""
-    cap = re.sub(r"[^a-z0-9]+", "_", os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower())
-    if not cap or os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    ``_aten_<capability>`` appended. ``TORCHINDUCTOR_CACHE_DIR`` naming another folder is the user's
+    choice and left alone; naming the default one it is replaced, since inductor writes its default
+    there itself when first asked (importing transformers does), and it reads the variable at every
+    use."""
+    cap = re.sub(r"[^a-z0-9]+", "_", os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()).strip("_")
+    if not cap:
         return
     try:  # inductor's default folder (torch._inductor.runtime.cache_dir_utils, whose import costs seconds)
         user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     except (KeyError, ModuleNotFoundError, OSError):
         user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-        tempfile.gettempdir(), f"torchinductor_{user}_aten_{cap}"
-    )
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != default:
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_aten_{cap}"
 
 
 # The mask caps oneDNN before its first kernel; a bad mask is reported by cpu_capabilities().

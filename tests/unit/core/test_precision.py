@@ -163,7 +163,7 @@ def test_mask_names_are_checked_and_cap_onednn(monkeypatch):
 
 def test_an_aten_capability_gets_an_inductor_cache_of_its_own(monkeypatch, tmp_path):
     """Inductor's cache is not keyed by ATEN_CPU_CAPABILITY: a process under it gets its own folder,
-    unless the user named one; without it nothing changes."""
+    unless the user named another; without it nothing changes."""
     monkeypatch.setattr(precision.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
@@ -176,6 +176,10 @@ def test_an_aten_capability_gets_an_inductor_cache_of_its_own(monkeypatch, tmp_p
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
     precision.inductor_cache_of_its_own()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+    # inductor's own default, which it writes into the variable when first asked: replaced
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", folder.removesuffix("_aten_avx2"))
+    precision.inductor_cache_of_its_own()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
 
 
 def test_native_precision_is_not_marked_emulated(monkeypatch):
