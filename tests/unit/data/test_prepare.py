@@ -266,6 +266,26 @@ def test_one_document_corpus_is_reported(tmp_path):
     assert s["splits"]["validation"] == 0
 
 
+def test_a_split_without_examples_is_empty_with_worker_processes(tmp_path, corpus, prepared):
+    """data.num_proc > 1 and no validation documents: the validation split is an empty dataset with
+    the examples' columns, as with one process."""
+    tok = f"data.tokenizer={prepared.path / 'tokenizer'}"
+    for n in (1, 2):
+        path = prep.prepare(
+            _cfg(
+                tmp_path / str(n),
+                corpus,
+                tok,
+                "data.validation_fraction=0",
+                "data.pairing_block_chars=2000",
+                f"data.num_proc={n}",
+            )
+        )
+        pd = prep.load_prepared(path)
+        assert len(pd.dataset["validation"]) == 0 and len(pd.dataset["train"]) > 0
+        assert pd.dataset["validation"].column_names == pd.dataset["train"].column_names
+
+
 def test_single_sentence_single_document_is_an_error(tmp_path):
     (tmp_path / "c.txt").write_text("Just one sentence here.\n")
     with pytest.raises(DataError, match="no training pairs"):
