@@ -197,9 +197,19 @@ def _run_pair_pool(pairer, blocks, keys, costs, chars, num_proc, out_dir, stats,
 
 def _joined(files: list[Path], schema: pa.Schema) -> Any:
     """The block files' rows, in order, as one ``Dataset`` over the memory-mapped files (no copy:
-    the prepared folder's shards are written from it once, by ``save_to_disk``)."""
-    from datasets import Dataset, concatenate_datasets
+    the prepared folder's shards are written from it once, by ``save_to_disk``).
 
-    parts = [Dataset.from_file(str(path)) for path in files]
-    parts = [d for d in parts if len(d)] or [Dataset(pa.Table.from_batches([], schema))]
-    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    One ``Dataset`` over the files' tables, concatenated: a ``Dataset`` per file (``from_file``,
+    then ``concatenate_datasets``) hashes each one's state for its fingerprint, ~1 ms a file, which
+    is 0.5 s for the ~500 blocks of a 1 GB corpus. The fingerprint (``datasets``' own, for its cache
+    of transformations, which prepare does not use) is one of the file names instead.
+    """
+    import xxhash
+    from datasets import Dataset
+    from datasets.table import MemoryMappedTable, concat_tables
+
+    tables = [t for t in (MemoryMappedTable.from_file(str(path)) for path in files) if t.num_rows]
+    if not tables:
+        return Dataset(pa.Table.from_batches([], schema))
+    fingerprint = xxhash.xxh3_64_hexdigest("\0".join(map(str, files)).encode())
+    return Dataset(tables[0] if len(tables) == 1 else concat_tables(tables), fingerprint=fingerprint)

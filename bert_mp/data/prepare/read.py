@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,7 +125,7 @@ def read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
     indices are the same for any ``num_proc``. Memory stays bounded by a record batch per process.
     """
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
     from datasets import Dataset, concatenate_datasets
@@ -160,9 +159,8 @@ def read_documents(data: DataConfig, work: Path) -> tuple[Any, ReadStats]:
         else:
             with ProcessPoolExecutor(len(groups), initializer=_init_reader, initargs=(counter,)) as pool:
                 futures = [pool.submit(_read_job, data, g, o) for g, o in zip(groups, outs, strict=True)]
-                try:
-                    while not all(f.done() for f in futures):
-                        time.sleep(0.1)
+                try:  # the bar follows the shared counter; the wait ends as the last reader does
+                    while wait(futures, timeout=0.1).not_done:
                         bar.update(counter.value - bar.n)
                 except BaseException:  # an interruption: end the readers now, not when they finish
                     stop_pool(pool)

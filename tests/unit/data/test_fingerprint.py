@@ -41,6 +41,22 @@ def test_prepare_records_the_fingerprint_of_its_bytes(prepared_cfg, tmp_path):
     assert folder_fingerprint(copy) != stats["fingerprint"]  # one changed token string is seen
 
 
+def test_the_fingerprint_is_xxh3_128_of_each_files_path_and_bytes_in_name_order(tmp_path):
+    import xxhash
+
+    files = {"dataset/train/data-00000-of-00001.arrow": b"\x00\x01" * 5000, "dataset/b.json": b"{}",
+             "tokenizer/vocab.txt": b"[PAD]\n[UNK]\n", "config.yaml": b"left out"}  # fmt: skip
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    h = xxhash.xxh3_128()
+    for name in ("dataset/b.json", "dataset/train/data-00000-of-00001.arrow", "tokenizer/vocab.txt"):
+        h.update(name.encode() + b"\0" + files[name])
+    assert folder_fingerprint(tmp_path) == h.hexdigest()
+    (tmp_path / "dataset/b.json").rename(tmp_path / "dataset/c.json")  # same bytes, another name
+    assert folder_fingerprint(tmp_path) != h.hexdigest()
+
+
 def test_resume_on_rebuilt_data_is_refused_naming_both_fingerprints(prepared_cfg):
     cfg, path = prepared_cfg
     summary = train(cfg)
