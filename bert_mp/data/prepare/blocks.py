@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from bert_mp.core.config import DataConfig
+from bert_mp.data.arrow_text import plain_ascii
 from bert_mp.data.masking import STREAM_MASKING, MaskingSpec, derive_rng, mask_sequence
 from bert_mp.data.packing import pack_documents
 from bert_mp.data.pairs import NspBalance, PairParams, PairStats, block_pairs, build_examples
@@ -29,7 +30,13 @@ from bert_mp.data.segment import (
     marked_pieces,
     split_marked_tokens,
 )
-from bert_mp.data.tokenizer import count_special_token_texts, encoder, inline_markers, special_token_texts
+from bert_mp.data.tokenizer import (
+    count_special_token_texts,
+    encoder,
+    inline_markers,
+    plain_ascii_encoder,
+    special_token_texts,
+)
 
 _STREAM_SPLIT = 3
 _STATIC_MASK_EPOCH = 0
@@ -166,6 +173,7 @@ class BlockPairer:
     def __init__(self, docs: Any, tokenizer: Any, data: DataConfig):
         self.docs = docs
         self.encoder = encoder(tokenizer)
+        self.ascii_encoder = plain_ascii_encoder(self.encoder)  # None where not proven equal
         self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
         self.splitter = data.sentence_splitter
         self.lines = data.documents == "line"
@@ -175,6 +183,8 @@ class BlockPairer:
         self.inline = inline_markers(tokenizer, self.encoder)
         # the marker id of each choice (_choose_markers): the inline markers', then [SEP]'s
         self.marker_id_of = np.array([m for _, m in self.inline] + [self.sep_id], dtype=np.int32)
+        # whether a document marked with each choice stays plain ASCII where its text is
+        self.marker_is_ascii = np.array([c.isascii() for c, _ in self.inline] + [False])
         self.nsp = data.objective == "nsp"
         self.max_seq_length = data.max_seq_length
         self.params = PairParams(data.max_seq_length - 3, data.short_seq_prob, data.nsp_random_prob)
@@ -185,13 +195,30 @@ class BlockPairer:
 
     def __setstate__(self, state: dict) -> None:  # a pairer sent to a spawned worker
         self.__dict__.update(state)
-        self.encoder.encode_special_tokens = True  # not part of a pickled Tokenizer
+        for enc in (self.encoder, self.ascii_encoder):  # not part of a pickled Tokenizer
+            if enc is not None:
+                enc.encode_special_tokens = True
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        enc = self.encoder.encode_batch_fast
+    def _encode(self, texts: list[str], plain: np.ndarray | None = None) -> list[list[int]]:
+        """Each text's ids; ``plain``: the texts that are plain ASCII (:func:`plain_ascii`), which the
+        faster :func:`plain_ascii_encoder` encodes to the same ids, where there is one."""
+        if plain is None or self.ascii_encoder is None or not plain.any():
+            return self._encode_with(self.encoder, texts)
+        if plain.all():
+            return self._encode_with(self.ascii_encoder, texts)
+        out: list[list[int]] = [[]] * len(texts)
+        for enc, idx in ((self.ascii_encoder, np.flatnonzero(plain)), (self.encoder, np.flatnonzero(~plain))):
+            idx = idx.tolist()
+            for i, ids in zip(idx, self._encode_with(enc, [texts[i] for i in idx]), strict=True):
+                out[i] = ids
+        return out
+
+    @staticmethod
+    def _encode_with(enc: Any, texts: list[str]) -> list[list[int]]:
+        batch = enc.encode_batch_fast
         out: list[list[int]] = []
         for lo in range(0, len(texts), _ENCODE_BATCH):
-            out.extend([e.ids for e in enc(texts[lo : lo + _ENCODE_BATCH], add_special_tokens=False)])
+            out.extend([e.ids for e in batch(texts[lo : lo + _ENCODE_BATCH], add_special_tokens=False)])
         return out
 
     def _mark(self, texts: list[str], marker: str) -> tuple[list[str], list[int]]:
@@ -203,7 +230,7 @@ class BlockPairer:
         return list(marked), list(counts)
 
     def _sentence_tokens(
-        self, texts: list[str], st: dict
+        self, texts: list[str], st: dict, plain: np.ndarray | None = None
     ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
         """Token ids of every document with a marker id after each sentence (``(flat, doc_lens)``
         of :func:`~bert_mp.data.segment.flatten_ids`), and each document's marker id.
@@ -220,7 +247,9 @@ class BlockPairer:
             flat, doc_lens = flatten_ids(self._sep_form(texts))
         else:
             marked, counts = self._mark_inline(texts, choice)
-            flat, doc_lens = flatten_ids(self._encode(marked))
+            if plain is not None:
+                plain = plain & self.marker_is_ascii[choice]
+            flat, doc_lens = flatten_ids(self._encode(marked, plain))
             del marked
             # Every inline marker must come back as exactly one marker id; a document where the
             # count differs (a normalizer that makes or eats the character) takes the [SEP] form.
@@ -298,11 +327,12 @@ class BlockPairer:
         t1 = time.process_time()
         # special tokens written in the text, tokenized as text (tokenizer.encoder), counted
         st["special_tokens_in_text"] = count_special_token_texts(column, self.specials)
+        plain = plain_ascii(column) if self.ascii_encoder is not None else None
         del column
         if self.nsp:
-            (flat, doc_lens), marker_ids = self._sentence_tokens(texts, st)
+            (flat, doc_lens), marker_ids = self._sentence_tokens(texts, st, plain)
         else:
-            (flat, doc_lens), marker_ids = flatten_ids(self._encode(texts)), None
+            (flat, doc_lens), marker_ids = flatten_ids(self._encode(texts, plain)), None
         st["seconds"] = {"read": t1 - t0, self.tokenize_stage: time.process_time() - t1}
         return Tokens(flat, doc_lens, marker_ids), st
 
