@@ -14,11 +14,15 @@ memory, which the pipeline holds, apart from the file pages of memory-mapped Arr
    ``--reference-sizes`` corpus (the memory at another size, the same code);
 2. ``given``: prepare with the tokenizer that (1) learned as ``data.tokenizer``;
 3. ``tokenize``: the same files split into the same documents and batch-encoded by the same tokenizer
-   in the same number of processes (``bench/prepare.py``'s tokenize-only).
+   in the same number of processes (``bench/prepare.py``'s tokenize-only);
+4. ``tokenize_plain_ascii``: (3) with the encoders prepare uses: its plain-ASCII documents by the
+   faster copy of the tokenizer (``bert_mp.data.tokenizer.plain_ascii_encoder``), the others by the
+   tokenizer itself.
 
-(2) and (3) run ``--repeat`` times in rotated order; each trial gives the ratio of prepare's tokens/s
-to tokenize-only's, for the whole prepare and for its tokenize stage (``split_tokenize_pair``), per
-wall second and per CPU second; the medians are reported. The machine's load average is recorded
+(2), (3) and (4) run ``--repeat`` times in rotated order; each trial gives the ratio of prepare's
+tokens/s to tokenize-only's (3), for the whole prepare and for its tokenize stage
+(``split_tokenize_pair``), per wall second and per CPU second, and the same against (4)
+(``*_vs_same_encoders``: what prepare's own work beside the encoding costs); the medians are reported. The machine's load average is recorded
 with every measurement: on a shared machine absolute seconds are noisy, ratios within a trial less so.
 
     python scripts/bench/prepare_scale.py --size 1GB --num-proc 2 --reference-sizes 400MB \\
@@ -83,18 +87,21 @@ def child_prepare(corpus: str, cache: str, overrides: list[str]) -> dict:
     }
 
 
-def child_tokenize(files: list[str], tokenizer: str, num_proc: int, same_malloc: bool) -> dict:
+def child_tokenize(
+    files: list[str], tokenizer: str, num_proc: int, same_malloc: bool, plain_ascii_fast: bool = False
+) -> dict:
     """Tokenize-only in this fresh process, timed and sampled as :func:`child_prepare` (wall and CPU
     seconds of the whole process tree): the files split into prepare's documents and batch-encoded
     with the same tokenizer (``bench/prepare.py``'s worker) in ``num_proc`` forked processes;
-    ``same_malloc``: under prepare's glibc malloc settings (``bert_mp.data.allocator``)."""
+    ``same_malloc``: under prepare's glibc malloc settings (``bert_mp.data.allocator``);
+    ``plain_ascii_fast``: the plain-ASCII documents by prepare's faster encoder, as prepare does."""
     import contextlib
     from multiprocessing import get_context
 
     from bench.prepare import _encode_file, _init_worker
     from bert_mp.data import allocator
 
-    _init_worker(tokenizer)  # loaded untimed; forked workers inherit it
+    _init_worker(tokenizer, plain_ascii_fast)  # loaded untimed; forked workers inherit it
     c0, t0 = _cpu_seconds(), time.perf_counter()
     with MemorySampler() as mem, allocator.tuned() if same_malloc else contextlib.nullcontext():
         if num_proc == 1:
@@ -111,6 +118,7 @@ def child_tokenize(files: list[str], tokenizer: str, num_proc: int, same_malloc:
         "tokens_per_sec": tokens / wall,
         "tokens_per_cpu_sec": tokens / cpu,
         "same_malloc": same_malloc,
+        "plain_ascii_fast": plain_ascii_fast,
         "memory_peaks_bytes": mem.peak,
         "load_average_after": os.getloadavg(),
     }
@@ -139,6 +147,11 @@ def _ratios(trial: dict) -> dict:
         "whole_cpu": given["tokens_per_cpu_sec"] / tok["tokens_per_cpu_sec"],
         "same_tokens": given["tokens"] == tok["tokens"],
     }
+    if "tokenize_plain_ascii" in trial:  # against tokenizing with the encoders prepare uses
+        same = trial["tokenize_plain_ascii"]
+        out["whole_vs_same_encoders"] = given["tokens_per_sec"] / same["tokens_per_sec"]
+        out["tokenize_stage_vs_same_encoders"] = given["tokens"] / stage / same["tokens_per_sec"]
+        out["whole_cpu_vs_same_encoders"] = given["tokens_per_cpu_sec"] / same["tokens_per_cpu_sec"]
     if "tokenize_same_malloc" in trial:
         out["whole_same_malloc"] = given["tokens_per_sec"] / trial["tokenize_same_malloc"]["tokens_per_sec"]
     return out
@@ -193,14 +206,20 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Path(report["learned"][args.size]["folder"]) / "tokenizer"
     files = [str(f) for f in sorted(corpus.glob("part-*.txt"))]
     given = [f"data.tokenizer={tokenizer}", f"data.num_proc={args.num_proc}"]
-    kinds = ["given", "tokenize", *(["tokenize_same_malloc"] if args.same_malloc else [])]
+    kinds = [
+        "given",
+        "tokenize",
+        "tokenize_plain_ascii",
+        *(["tokenize_same_malloc"] if args.same_malloc else []),
+    ]
     for r in range(args.repeat):
         got = {}
         for kind in rotated(kinds, r):
             if kind == "given":
                 got[kind] = _child("prepare", str(corpus), str(args.workdir / "cache"), given)
             else:
-                got[kind] = _child("tokenize", files, str(tokenizer), args.num_proc, kind != "tokenize")
+                same, plain = kind == "tokenize_same_malloc", kind == "tokenize_plain_ascii"
+                got[kind] = _child("tokenize", files, str(tokenizer), args.num_proc, same, plain)
         trial = {"order": list(got), **got}
         trial["ratios"] = _ratios(trial)
         report["trials"].append(trial)

@@ -59,9 +59,12 @@ def test_a_prepare_and_a_tokenize_only_are_measured_alike_and_summarized(corpus,
     assert given["vocabulary"] is None and given["vocabulary_share_of_wall"] is None
     tok = scale.child_tokenize([str(f) for f in files], tokenizer, 1, False)
     assert tok["tokens"] == given["tokens"] > 0  # the same documents, the same tokens
-    trial = {"given": given, "tokenize": tok, "tokenize_same_malloc": tok}
+    plain = scale.child_tokenize([str(f) for f in files], tokenizer, 1, False, True)
+    assert plain["plain_ascii_fast"] and plain["tokens"] == tok["tokens"]  # prepare's encoders: the same ids
+    trial = {"given": given, "tokenize": tok, "tokenize_same_malloc": tok, "tokenize_plain_ascii": plain}
     ratios = scale._ratios(trial)
     assert ratios["same_tokens"] and ratios["whole_same_malloc"] == ratios["whole"] > 0
+    assert ratios["whole_vs_same_encoders"] == given["tokens_per_sec"] / plain["tokens_per_sec"]
     assert ratios["tokenize_stage"] > ratios["whole"]  # the stage is part of the whole
     report = {"learned": {"300KB": learned, "100KB": learned}, "trials": [{**trial, "ratios": ratios}]}
     summary = scale.summary(report, "300KB")
