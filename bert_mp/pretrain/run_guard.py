@@ -10,6 +10,7 @@ from typing import Any
 
 from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.run import run_dir as run_guard
+from bert_mp.data.fingerprint import same_data
 from bert_mp.errors import TrainingError
 
 
@@ -48,5 +49,5 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
     state = ckpt.read_loop_state(folder)
     trained_on = (state.get("meta") or {}).get("data_fingerprint")
     now = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("fingerprint")
-    if trained_on and now and trained_on != now:
+    if not same_data(trained_on, data, now):
         raise data_change_error(folder, trained_on, data, now)

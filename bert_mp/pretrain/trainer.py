@@ -56,6 +56,7 @@ from bert_mp.core.run.conditions import announce_start
 from bert_mp.core.run.device_feed import loader_kwargs
 from bert_mp.core.run.distributed import configure_deepspeed, configure_fsdp
 from bert_mp.core.run.strategy import Strategy, prepare_parts, resolve_strategy, shard
+from bert_mp.data.fingerprint import same_data
 from bert_mp.errors import DataError
 from bert_mp.model.attention import resolve_attention_kernel
 from bert_mp.model.bert import (
@@ -246,7 +247,7 @@ class Trainer(TrainingLoop):
         super().restore()
         trained_on = self.checkpointer.restored_meta.get("data_fingerprint")
         now = self.checkpointer.meta["data_fingerprint"]
-        if trained_on and now and trained_on != now and not self.tc.allow_data_change:
+        if not self.tc.allow_data_change and not same_data(trained_on, self.data.path, now):
             raise data_change_error(self.resumed_from, trained_on, self.data.path, now)
 
     def build_loader(self) -> None:

@@ -23,7 +23,7 @@ from bert_mp.core.storage import disk as storage
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.data import allocator
 from bert_mp.data.corpus import describe_source
-from bert_mp.data.fingerprint import folder_fingerprint
+from bert_mp.data.fingerprint import folder_fingerprint, same_data
 from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
 from bert_mp.data.prepare.cache import MARKER, cache_path, is_complete
 from bert_mp.data.prepare.interrupts import interrupts_in_this_process_only
@@ -157,7 +157,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                     stats = _build(cfg, tmp, force)
                 stats["warnings"] = stats_warnings(stats, data)
                 stats["fingerprint"] = folder_fingerprint(tmp)
-                _say_if_rebuilt_differently(final, stats["fingerprint"])
+                _say_if_rebuilt_differently(final, tmp, stats["fingerprint"])
                 save_config(data_only(cfg), tmp / "config.yaml")
                 atomic_write_json(tmp / "stats.json", stats)
                 (tmp / MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
@@ -202,13 +202,14 @@ def _left_behind(final: Path, tmp: Path, was_complete: bool) -> str:
     return f"{final} kept as it was" if tmp.exists() else f"{final} was complete before the signal"
 
 
-def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:
-    """``--force`` over a folder whose bytes change: runs trained on it must hear of it."""
+def _say_if_rebuilt_differently(final: Path, built: Path, fingerprint: str) -> None:
+    """``--force`` over a folder whose bytes change (``built``: the new build): runs trained on it
+    must hear of it."""
     old_stats = final / "stats.json"
     if not old_stats.is_file():
         return
     old = json.loads(old_stats.read_text(encoding="utf-8")).get("fingerprint")
-    if old and old != fingerprint:
+    if not same_data(old, built, fingerprint):
         console.say(
             f"warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
             "runs trained on the old data refuse to resume on it unless train.allow_data_change=true",

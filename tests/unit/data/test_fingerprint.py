@@ -10,7 +10,7 @@ from support import tiny_config
 
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.data import prepare as prep
-from bert_mp.data.fingerprint import folder_fingerprint
+from bert_mp.data.fingerprint import folder_fingerprint, same_data
 from bert_mp.data.prepare import build as prep_build
 from bert_mp.errors import TrainingError
 from bert_mp.pretrain.trainer import train
@@ -79,8 +79,31 @@ def test_resume_on_rebuilt_data_is_refused_naming_both_fingerprints(prepared_cfg
 def test_force_rebuild_with_other_bytes_says_so(prepared_cfg, capsys):
     _, path = prepared_cfg
     old = json.loads((path / "stats.json").read_text())["fingerprint"]
-    prep_build._say_if_rebuilt_differently(path, old)
+    prep_build._say_if_rebuilt_differently(path, path, old)
     assert capsys.readouterr().out == ""
-    prep_build._say_if_rebuilt_differently(path, "f" * 32)
+    prep_build._say_if_rebuilt_differently(path, path, "f" * 32)
     out = capsys.readouterr().out
     assert f"fingerprint {old} -> {'f' * 32}" in out and "train.allow_data_change=true" in out
+
+
+def test_a_fingerprint_recorded_as_blake2b_of_the_same_bytes_is_the_same_data(prepared_cfg, tmp_path, capsys):
+    """Folders and checkpoints whose fingerprint is BLAKE2b-128 (same length, other digits): a run
+    trained on such a folder resumes on the same bytes fingerprinted xxh3-128, and a rebuild with
+    the same bytes says nothing; other bytes are still told apart."""
+    cfg, path = prepared_cfg
+    stats = json.loads((path / "stats.json").read_text())
+    now, legacy = stats["fingerprint"], folder_fingerprint(path, blake2b=True)
+    assert legacy != now and len(legacy) == len(now) == 32
+    assert same_data(legacy, path, now) and same_data(now, path, now) and same_data(None, path, now)
+    assert not same_data("0" * 32, path, now)
+    run = tiny_config(tmp_path / "run", max_steps=3, save_every=1)
+    run.data = cfg.data
+    atomic_write_json(path / "stats.json", {**stats, "fingerprint": legacy})
+    try:
+        prep_build._say_if_rebuilt_differently(path, path, now)  # a --force build of the same bytes
+        assert capsys.readouterr().out == ""
+        assert train(run)["data"]["fingerprint"] == legacy  # trained on the folder as recorded then
+    finally:
+        atomic_write_json(path / "stats.json", stats)
+    run.train.resume, run.train.max_steps = "latest", 4
+    assert train(run)["steps"] == 4  # its checkpoint's BLAKE2b fingerprint is of these bytes
