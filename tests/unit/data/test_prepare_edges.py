@@ -130,8 +130,10 @@ def test_special_tokens_written_in_the_text_are_tokenized_as_text(
 def test_a_pairer_sent_to_a_spawned_worker_keeps_special_tokens_as_text(trained):
     cfg = load_config(None, [f"data.tokenizer={trained}"])
     pairer = prep_blocks.BlockPairer(None, AutoTokenizer.from_pretrained(trained), cfg.data)
-    assert pairer.encoder.encode_special_tokens
-    assert pickle.loads(pickle.dumps(pairer)).encoder.encode_special_tokens
+    assert pairer.encoder.encode_special_tokens and pairer.ascii_encoder.encode_special_tokens
+    sent = pickle.loads(pickle.dumps(pairer))
+    assert sent.encoder.encode_special_tokens and sent.ascii_encoder.encode_special_tokens
+    assert sent.ascii_encoder.encode("a [SEP] b").ids == sent.encoder.encode("a [SEP] b").ids
 
 
 def _table(texts: list[str], chunk: int) -> pa.Table:
