@@ -98,17 +98,17 @@ def child_tokenize(
     import contextlib
     from multiprocessing import get_context
 
-    from bench.prepare import _encode_file, _init_worker
+    from bench.tokenize_only import encode_file, init_worker
     from bert_mp.data import allocator
 
-    _init_worker(tokenizer, plain_ascii_fast)  # loaded untimed; forked workers inherit it
+    init_worker(tokenizer, plain_ascii_fast)  # loaded untimed; forked workers inherit it
     c0, t0 = _cpu_seconds(), time.perf_counter()
     with MemorySampler() as mem, allocator.tuned() if same_malloc else contextlib.nullcontext():
         if num_proc == 1:
-            per_file = [_encode_file(f) for f in files]
+            per_file = [encode_file(f) for f in files]
         else:
             with get_context("fork").Pool(num_proc) as pool:  # its start on the clock, as prepare's
-                per_file = list(pool.imap_unordered(_encode_file, files))
+                per_file = list(pool.imap_unordered(encode_file, files))
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0  # the pool's workers are reaped by now
     tokens = sum(t for t, _ in per_file)
     return {
