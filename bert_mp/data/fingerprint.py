@@ -18,11 +18,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.storage.checksums import new_hasher
+from bert_mp.core.storage.checksums import hash_file, new_hasher
 
 PARTS = ("dataset", "tokenizer")
 """Sub-folders whose files are hashed (config.yaml and stats.json describe them and are left out)."""
-_CHUNK = 8 << 20
 
 
 def folder_fingerprint(folder: str | Path, blake2b: bool = False) -> str:
@@ -30,14 +29,10 @@ def folder_fingerprint(folder: str | Path, blake2b: bool = False) -> str:
     :data:`PARTS`, in name order."""
     root = Path(folder)
     h: Any = hashlib.blake2b(digest_size=16) if blake2b else new_hasher()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
     for part in PARTS:
         for path in sorted(p for p in (root / part).rglob("*") if p.is_file()):
             h.update(str(path.relative_to(root)).encode() + b"\0")
-            with open(path, "rb", buffering=0) as f:
-                while n := f.readinto(buf):
-                    h.update(view[:n])
+            hash_file(h, path)
     return h.hexdigest()
 
 

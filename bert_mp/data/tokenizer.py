@@ -199,13 +199,14 @@ def plain_ascii_encoder(enc: Any) -> Any | None:
 
     from tokenizers import Tokenizer, normalizers
 
-    spec = json.loads(enc.to_str())
+    text = enc.to_str()
+    spec = json.loads(text)
     norm, pre = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}
     if norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer":
         return None
     if any(not t.get("special") for t in spec.get("added_tokens") or []):
         return None
-    fast = Tokenizer.from_str(enc.to_str())
+    fast = Tokenizer.from_str(text)
     fast.normalizer = normalizers.Lowercase() if norm.get("lowercase") else None
     fast.encode_special_tokens = enc.encode_special_tokens
     return fast

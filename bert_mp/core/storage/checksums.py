@@ -35,15 +35,22 @@ def new_hasher() -> Any:
     return xxhash.xxh3_128()
 
 
-def file_entry(path: str | Path) -> dict[str, Any]:
-    """``{"size": bytes, "xxh3_128": hex}`` of a file, read in chunks."""
-    h, size = new_hasher(), 0
+def hash_file(h: Any, path: str | Path) -> int:
+    """Feed a file's bytes to the hasher ``h`` (anything with ``update``), read in chunks; its size."""
+    size = 0
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
+    return size
+
+
+def file_entry(path: str | Path) -> dict[str, Any]:
+    """``{"size": bytes, "xxh3_128": hex}`` of a file, read in chunks."""
+    h = new_hasher()
+    size = hash_file(h, path)
     return {"size": size, HASH: h.hexdigest()}
 
 
