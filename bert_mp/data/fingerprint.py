@@ -20,6 +20,8 @@ from typing import Any
 
 from bert_mp.core.storage.checksums import hash_file, new_hasher
 
+HASH = "xxh3_128"
+"""What ``stats.json``'s ``fingerprint_hash`` names: a folder that records it has no BLAKE2b fingerprint."""
 PARTS = ("dataset", "tokenizer")
 """Sub-folders whose files are hashed (config.yaml and stats.json describe them and are left out)."""
 
@@ -36,11 +38,14 @@ def folder_fingerprint(folder: str | Path, blake2b: bool = False) -> str:
     return h.hexdigest()
 
 
-def same_data(recorded: str | None, folder: str | Path, current: str | None) -> bool:
+def same_data(
+    recorded: str | None, folder: str | Path, current: str | None, maybe_blake2b: bool = True
+) -> bool:
     """Whether the fingerprint ``recorded`` (a checkpoint's, an earlier build's) is of the bytes in
-    ``folder``, whose own is ``current``: equal, or equal to the folder's BLAKE2b-128 fingerprint
-    (one pass over the folder, only where the two differ). Where either is unknown, nothing says
-    they differ."""
+    ``folder``, whose own is ``current``: equal, or, where ``recorded`` may be a BLAKE2b-128 one (a
+    checkpoint does not say; an earlier build's ``stats.json`` names its :data:`HASH`), equal to the
+    folder's BLAKE2b-128 fingerprint (one pass over the folder, only where the two differ). Where
+    either is unknown, nothing says they differ."""
     if not recorded or not current or recorded == current:
         return True
-    return folder_fingerprint(folder, blake2b=True) == recorded
+    return maybe_blake2b and folder_fingerprint(folder, blake2b=True) == recorded

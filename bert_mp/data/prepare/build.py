@@ -23,6 +23,7 @@ from bert_mp.core.storage import disk as storage
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.data import allocator
 from bert_mp.data.corpus import describe_source
+from bert_mp.data.fingerprint import HASH as FINGERPRINT_HASH
 from bert_mp.data.fingerprint import folder_fingerprint, same_data
 from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
 from bert_mp.data.prepare.cache import MARKER, cache_path, is_complete
@@ -157,6 +158,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                     stats = _build(cfg, tmp, force)
                 stats["warnings"] = stats_warnings(stats, data)
                 stats["fingerprint"] = folder_fingerprint(tmp)
+                stats["fingerprint_hash"] = FINGERPRINT_HASH
                 _say_if_rebuilt_differently(final, tmp, stats["fingerprint"])
                 save_config(data_only(cfg), tmp / "config.yaml")
                 atomic_write_json(tmp / "stats.json", stats)
@@ -208,8 +210,9 @@ def _say_if_rebuilt_differently(final: Path, built: Path, fingerprint: str) -> N
     old_stats = final / "stats.json"
     if not old_stats.is_file():
         return
-    old = json.loads(old_stats.read_text(encoding="utf-8")).get("fingerprint")
-    if not same_data(old, built, fingerprint):
+    recorded = json.loads(old_stats.read_text(encoding="utf-8"))
+    old = recorded.get("fingerprint")
+    if not same_data(old, built, fingerprint, recorded.get("fingerprint_hash") != FINGERPRINT_HASH):
         console.say(
             f"warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
             "runs trained on the old data refuse to resume on it unless train.allow_data_change=true",

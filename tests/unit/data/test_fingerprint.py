@@ -76,12 +76,15 @@ def test_resume_on_rebuilt_data_is_refused_naming_both_fingerprints(prepared_cfg
         atomic_write_json(path / "stats.json", stats)
 
 
-def test_force_rebuild_with_other_bytes_says_so(prepared_cfg, capsys):
+def test_force_rebuild_with_other_bytes_says_so(prepared_cfg, capsys, monkeypatch):
     _, path = prepared_cfg
     old = json.loads((path / "stats.json").read_text())["fingerprint"]
     prep_build._say_if_rebuilt_differently(path, path, old)
     assert capsys.readouterr().out == ""
+    digests = []
+    monkeypatch.setattr(prep_build, "same_data", lambda *a: digests.append(a) or same_data(*a))
     prep_build._say_if_rebuilt_differently(path, path, "f" * 32)
+    assert digests[-1][-1] is False  # its stats.json names xxh3-128: no BLAKE2b pass over the folder
     out = capsys.readouterr().out
     assert f"fingerprint {old} -> {'f' * 32}" in out and "train.allow_data_change=true" in out
 
@@ -98,7 +101,9 @@ def test_a_fingerprint_recorded_as_blake2b_of_the_same_bytes_is_the_same_data(pr
     assert not same_data("0" * 32, path, now)
     run = tiny_config(tmp_path / "run", max_steps=3, save_every=1)
     run.data = cfg.data
-    atomic_write_json(path / "stats.json", {**stats, "fingerprint": legacy})
+    assert stats["fingerprint_hash"] == "xxh3_128"
+    # a stats.json of a BLAKE2b fingerprint names no hash
+    atomic_write_json(path / "stats.json", {**stats, "fingerprint": legacy, "fingerprint_hash": None})
     try:
         prep_build._say_if_rebuilt_differently(path, path, now)  # a --force build of the same bytes
         assert capsys.readouterr().out == ""
