@@ -254,6 +254,8 @@ class BlockPairer:
             # Every inline marker must come back as exactly one marker id; a document where the
             # count differs (a normalizer that makes or eats the character) takes the [SEP] form.
             redo |= count_markers(flat, doc_lens, marker_ids) != counts
+            if plain is not None:  # encoded by the plain-ASCII copy, and not redone below
+                st["plain_ascii_documents"] = int((plain & ~redo).sum())
             if redo.any():
                 ids = np.split(flat, np.cumsum(doc_lens)[:-1])
                 idx = np.flatnonzero(redo).tolist()
@@ -329,10 +331,12 @@ class BlockPairer:
         st["special_tokens_in_text"] = count_special_token_texts(column, self.specials)
         plain = plain_ascii(column) if self.ascii_encoder is not None else None
         del column
+        st["plain_ascii_documents"] = 0
         if self.nsp:
             (flat, doc_lens), marker_ids = self._sentence_tokens(texts, st, plain)
         else:
             (flat, doc_lens), marker_ids = flatten_ids(self._encode(texts, plain)), None
+            st["plain_ascii_documents"] = 0 if plain is None else int(plain.sum())
         st["seconds"] = {"read": t1 - t0, self.tokenize_stage: time.process_time() - t1}
         return Tokens(flat, doc_lens, marker_ids), st
 

@@ -103,6 +103,8 @@ def collect_stats(data, dd, tokenizer, tokenizer_from, read_stats, block_stats, 
             )
         entry["tokens"] = int(blk.get("tokens", 0))
         entry["example_tokens"] = example_tokens
+        # documents encoded by the faster plain-ASCII copy of the tokenizer (tokenizer.plain_ascii_encoder)
+        entry["plain_ascii_documents"] = int(blk.get("plain_ascii_documents", 0))
         # special tokens' text (a [SEP] or [MASK] written in the corpus), tokenized as text
         entry["special_tokens_in_text"] = dict(sorted(blk.get("special_tokens_in_text", {}).items()))
         if nsp:

@@ -4,6 +4,7 @@ and the same prepared rows as without it."""
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from pathlib import Path
@@ -141,10 +142,16 @@ def test_prepare_gives_the_same_rows_with_and_without_the_plain_ascii_encoder(
     monkeypatch.setattr(prep_blocks.BlockPairer, "_encode_with", counted)
     fast = prep.load_prepared(prep.prepare(cfg("fast"))).dataset
     assert seen["plain"] > 0 and seen["other"] > 0  # both kinds of document in the blocks
+    seen_plain = seen["plain"]  # stats.json counts them (those not redone in the [SEP] form)
     monkeypatch.setattr(prep_blocks, "plain_ascii_encoder", lambda enc: None)
     seen.update(plain=0, other=0)
     stock = prep.load_prepared(prep.prepare(cfg("stock"))).dataset
     assert seen["plain"] == 0
     assert fast["train"].num_rows > 20
+    counted = {}
+    for name in ("fast", "stock"):
+        stats = json.loads(next((tmp_path / name).glob("*/stats.json")).read_text())
+        counted[name] = [stats["per_split"][s]["plain_ascii_documents"] for s in ("train", "validation")]
+    assert counted["stock"] == [0, 0] and 0 < sum(counted["fast"]) <= seen_plain
     for split in fast:
         assert fast[split].data.table.equals(stock[split].data.table), split
