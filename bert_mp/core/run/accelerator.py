@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ def build_accelerator(
     from bert_mp.core.run.distributed import accelerate_mixed_precision
     from bert_mp.core.run.strategy import launch_request, state_options
 
+    deepspeed_only_once_imported()
     out = Path(output_dir)
     options = state_options(launch_request(), torch.cuda.is_available())
     distributed_type = str(PartialState(**options).distributed_type)
@@ -64,6 +66,28 @@ def build_accelerator(
     plan.apply_backend_flags()
     _warn_if_fewer_processes(accelerator.num_processes)
     return accelerator
+
+
+def deepspeed_only_once_imported() -> None:
+    """Accelerate's unwrapping (``unwrap_model``, ``get_state_dict``) imports DeepSpeed whenever it is
+    installed, to test the model against ``DeepSpeedEngine``: ~0.5 CPU s and a line on stdout in every
+    run that saves or exports, DeepSpeed or not. An engine exists only once ``deepspeed`` is imported
+    (Accelerate imports it to build one), so its availability check, as that function reads it, is
+    answered "not imported yet: no"; once imported, Accelerate's own answer. Idempotent; a no-op where
+    Accelerate's module has no such name."""
+    try:
+        from accelerate.utils import other
+    except ImportError:
+        return
+    found = getattr(other, "is_deepspeed_available", None)
+    if found is None or getattr(found, "bert_mp_lazy", False):
+        return
+
+    def is_deepspeed_available() -> bool:
+        return "deepspeed" in sys.modules and found()
+
+    is_deepspeed_available.bert_mp_lazy = True
+    other.is_deepspeed_available = is_deepspeed_available
 
 
 def _warn_if_fewer_processes(world: int) -> None:

@@ -8,6 +8,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from bert_mp.core.config import load_config
 from bert_mp.core.loop.state import flag_signal, signal_flag
@@ -184,3 +185,39 @@ def test_a_stop_from_another_rank_records_the_signal_its_flag_names(pending, fla
     state = LoopState(pending_signal=pending)
     TrainingLoop.stop_for_signal(SimpleNamespace(state=state), flag)
     assert state.stop_reason == reason
+
+
+def test_unwrapping_imports_no_deepspeed_until_a_run_has_imported_it(monkeypatch):
+    """Accelerate's unwrapping asks whether DeepSpeed is installed and imports it to test the model
+    against its engine; bert_mp answers "no" until ``deepspeed`` is imported (an engine needs it)."""
+    import importlib.machinery
+    import types
+
+    from accelerate.utils import extract_model_from_parallel, other
+
+    from bert_mp.core.run.accelerator import deepspeed_only_once_imported
+
+    installed = other.is_deepspeed_available
+    was = installed()
+    monkeypatch.setattr(other, "is_deepspeed_available", installed)  # undone after the test
+
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "deepspeed":
+                raise ImportError(f"imported {name}")
+
+    monkeypatch.setattr(sys, "meta_path", [Refuse(), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "deepspeed", raising=False)
+    with pytest.raises(ImportError):
+        if not was:
+            raise ImportError("deepspeed not installed: Accelerate would not import it either")
+        extract_model_from_parallel(torch.nn.Linear(2, 2))  # Accelerate's own check: imports it
+    deepspeed_only_once_imported()
+    deepspeed_only_once_imported()  # a second Accelerator: the same answer, wrapped once
+    assert other.is_deepspeed_available.__closure__[0].cell_contents is installed
+    model = torch.nn.Linear(2, 2)
+    assert extract_model_from_parallel(model) is model and other.is_deepspeed_available() is False
+    imported = types.ModuleType("deepspeed")
+    imported.__spec__ = importlib.machinery.ModuleSpec("deepspeed", None)
+    monkeypatch.setitem(sys.modules, "deepspeed", imported)
+    assert other.is_deepspeed_available() is was
