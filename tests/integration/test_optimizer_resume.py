@@ -1,4 +1,5 @@
-"""Every optimizer (and bf16_pure's compensated updates) resumes bit-identically in a fresh process.
+"""Every optimizer (and bf16_pure's compensated updates, and fp16's loss scaler) resumes bit-identically
+in a fresh process.
 
 The straight runs and the first parts run in the test's process (support.run_config, as the fresh
 process runs them); the resumes, the runs under test, run one after another in one fresh process,
@@ -39,6 +40,7 @@ RESUME_ALL = (
 
 CASES = [
     ("adamw", "fp32", "kahan"),
+    ("adamw", "fp16", "kahan"),  # the GradScaler's scale and growth count (emulated on a CPU without fp16)
     ("lamb", "fp32", "kahan"),
     ("sophia", "fp32", "kahan"),
     ("stable_adamw", "fp32", "kahan"),
@@ -67,6 +69,7 @@ def resumed(tmp_path_factory) -> dict[tuple[str, str, str], Path]:
             )
             cfg.train.sophia_update_period = 2  # estimates on both sides of the checkpoint
             cfg.model.hidden_dropout_prob = 0.1  # the dropout stream must be restored too
+            cfg.train.fp16_growth_interval = 2  # fp16: the scale grows across the checkpoint (3 of 2+2)
             runs[name] = cfg
         _run_here(runs["straight"], data_root)
         _run_here(runs["parts"], data_root, stop_at=3)
@@ -87,12 +90,14 @@ def test_resume_is_bit_identical_per_optimizer(resumed, optimizer, precision, up
     def losses(run: str) -> list:
         rows = read_jsonl(root / run / "metrics.jsonl")
         return [
-            (r["step"], r.get("loss/total"), r.get("eval/loss_mlm"))
+            (r["step"], r.get("loss/total"), r.get("eval/loss_mlm"), r.get("amp/loss_scale"))
             for r in rows
             if r["kind"] in ("train", "eval")
         ]
 
     assert losses("straight") == losses("parts") and len(losses("straight")) == 7
+    if precision == "fp16":  # the scale moved during the run: a resume that lost it would differ here
+        assert len({row[3] for row in losses("straight") if row[3] is not None}) > 1, losses("straight")
     a = load_file(str(root / "straight" / "final" / "model.safetensors"))
     b = load_file(str(root / "parts" / "final" / "model.safetensors"))
     assert a.keys() == b.keys()
