@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what is needed into .venv and run the test suite. With no arguments: the whole suite, then
 # every test that took a decision on this CPU's capabilities again as on the weakest supported CPU
-# (no bf16, no fp16, no AMX, ATen's AVX2 kernels), so a pass here means a pass on any CPU model.
+# (no bf16, no fp16, no AMX, ATen's AVX2 kernels), so a pass here means a pass on any CPU model (on
+# such a CPU the whole suite already ran so: the rerun is skipped).
 # Extra arguments go to one pytest run instead, e.g. `bash scripts/test.sh -m slow`, or one part of
 # the suite: `bash scripts/test.sh tests/unit` (in-process, per package: tests/unit/data, ...) or
 # `bash scripts/test.sh tests/integration` (the CLI and scripts in fresh processes).
@@ -27,6 +28,11 @@ if [ ! -s "$TRACE_DIR/args" ]; then
   exit 1
 fi
 echo
+if python tests/capability_trace.py --is-the-masked-cpu; then
+  echo "[test] this CPU is the one the masked rerun stands for (ATen's AVX2 kernels, no native bf16, fp16" \
+    "or AMX): the run above was that run, so it is not repeated"
+  exit 0
+fi
 echo "[test] again as on an AVX2-only CPU (BERT_MP_CPU_MASK=all, ATEN_CPU_CAPABILITY=avx2): the" \
   "$(wc -l <"$TRACE_DIR/args") tests and modules that took a decision on the CPU's capabilities"
 # Its own inductor cache: with the cache the run above filled (kernels built for this CPU's ISA), a

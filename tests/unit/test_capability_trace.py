@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import capability_trace as trace
+import torch
 from capability_trace import selection
 from support import ROOT
 
@@ -53,3 +55,21 @@ def test_selection_keeps_single_tests_and_widens_fixtures_and_collection_to_thei
     ]
     assert selection(lines) == ["tests/a.py::test_one[bf16]", "tests/b.py", "tests/c.py", "tests/d.py"]
     assert selection([]) == []
+
+
+def test_the_masked_rerun_is_skipped_only_on_the_cpu_it_stands_for():
+    from types import SimpleNamespace
+
+    def caps(bf16=False, fp16=False, amx=False):
+        return SimpleNamespace(bf16=bf16, fp16=fp16, amx=amx)
+
+    assert trace.is_the_masked_cpu(caps(), "AVX2")  # an AVX2-only EPYC
+    assert not trace.is_the_masked_cpu(caps(bf16=True), "AVX512")  # an AVX512-BF16 EPYC
+    assert not trace.is_the_masked_cpu(caps(), "AVX512")  # AVX512 without bf16: other ATen kernels
+    assert not trace.is_the_masked_cpu(caps(bf16=True, amx=True), "AVX2")  # ATEN_CPU_CAPABILITY=avx2 alone
+    assert not trace.is_the_masked_cpu(caps(), "DEFAULT")  # no AVX2: the rerun's avx2 is not this CPU
+    # scripts/test.sh asks the script itself: exit 0 for yes, 1 for no, as this process answers
+    here = trace.is_the_masked_cpu(precision._probe_capabilities(), torch.backends.cpu.get_cpu_capability())
+    script = [sys.executable, str(ROOT / "tests" / "capability_trace.py"), "--is-the-masked-cpu"]
+    asked = subprocess.run(script, capture_output=True, text=True, cwd=ROOT)
+    assert asked.returncode == (0 if here else 1) and asked.stderr == "", asked.stderr
