@@ -616,4 +616,9 @@ def run(
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    try:
+        _serve(sys.argv[1])
+    finally:  # its folder goes with it, also where the worker was killed and could not close it
+        import shutil
+
+        shutil.rmtree(os.path.dirname(sys.argv[1]), ignore_errors=True)

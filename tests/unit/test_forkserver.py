@@ -3,6 +3,7 @@ the same command in a fresh interpreter, and whatever it cannot run faithfully r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -107,3 +108,25 @@ def test_the_import_environment_keys_the_server():
     assert key({**base, "TRANSFORMERS_VERBOSITY": "info"}) != key(base)
     assert key({**base, "BERT_MP_CPU_MASK": "all"}) != key(base)  # read at import (the oneDNN cap)
     assert key({**base, "HF_HOME": "/other"}) != key(base)  # a library's import-time setting
+
+
+def test_a_server_removes_its_folder_when_it_ends_even_without_its_worker(tmp_path):
+    """A pytest worker that is killed cannot remove its servers' folders; each server removes its own
+    when it ends (here a refused one, which ends at once; a serving one ends when its stdin closes)."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+    env = {**ENV, "PYTHONVERBOSE": "1"}  # the imports print: refused after its first import
+    proc = subprocess.Popen(
+        [sys.executable, forkserver.__file__, str(folder / "socket")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=folder,
+    )
+    ready = json.loads(proc.stdout.readline())
+    assert ready["problem"].startswith("the imports printed")
+    proc.stdout.close()
+    proc.stdin.close()  # as when its worker is gone
+    assert proc.wait(timeout=300) == 0
+    assert not folder.exists()
