@@ -70,8 +70,8 @@ def build_accelerator(
 
 def deepspeed_only_once_imported() -> None:
     """Accelerate's unwrapping (``unwrap_model``, ``get_state_dict``) imports DeepSpeed whenever it is
-    installed, to test the model against ``DeepSpeedEngine``: ~0.5 CPU s and a line on stdout in every
-    run that saves or exports, DeepSpeed or not. An engine exists only once ``deepspeed`` is imported
+    installed, to test the model against ``DeepSpeedEngine``: 0.6-0.8 CPU s in every run that saves or
+    exports, DeepSpeed or not. An engine exists only once ``deepspeed`` is imported
     (Accelerate imports it to build one), so its availability check, as that function reads it, is
     answered "not imported yet: no"; once imported, Accelerate's own answer. Idempotent; a no-op where
     Accelerate's module has no such name."""
