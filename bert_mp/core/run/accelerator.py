@@ -80,13 +80,13 @@ def deepspeed_only_once_imported() -> None:
     except ImportError:
         return
     found = getattr(other, "is_deepspeed_available", None)
-    if found is None or getattr(found, "bert_mp_lazy", False):
+    if found is None or hasattr(found, "__wrapped__"):
         return
 
     def is_deepspeed_available() -> bool:
         return "deepspeed" in sys.modules and found()
 
-    is_deepspeed_available.bert_mp_lazy = True
+    is_deepspeed_available.__wrapped__ = found
     other.is_deepspeed_available = is_deepspeed_available
 
 
