@@ -87,12 +87,14 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return wordpiece_tokenizer(SPECIALS + [f"w{i}" for i in range(N_WORDS)])
 
 
-def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
+def _rows(n: int, seed: int, max_len: int, full: bool = False) -> dict[str, list]:
     rng = np.random.default_rng(seed)
     cols: dict[str, list] = {"input_ids": [], "token_type_ids": [], "next_sentence_label": []}
     first = len(SPECIALS)
     for _ in range(n):
         la, lb = rng.integers(3, max_len // 2 - 2, size=2)
+        if full:  # the longest pair: every padded batch has one length
+            la = lb = max_len // 2 - 3
         pair = rng.choice(N_WORDS, size=2, replace=False) + first
         a = [int(pair[i % 2]) for i in range(la)]
         label = int(rng.random() < 0.5)
@@ -106,13 +108,16 @@ def _rows(n: int, seed: int, max_len: int) -> dict[str, list]:
     return cols
 
 
-def make_prepared(root: Path, n_train: int = 256, n_val: int = 64, max_len: int = 32) -> SimpleNamespace:
-    """Write ``root/dataset``, ``root/tokenizer``, ``stats.json``, ``PREPARED``; return a PreparedData-like object."""
+def make_prepared(
+    root: Path, n_train: int = 256, n_val: int = 64, max_len: int = 32, full: bool = False
+) -> SimpleNamespace:
+    """Write ``root/dataset``, ``root/tokenizer``, ``stats.json``, ``PREPARED``; return a PreparedData-like
+    object. ``full``: every pair of one length (``max_len - 3``), so a compiled padded run sees one shape."""
     root = Path(root)
     tokenizer = make_tokenizer()
     ds = DatasetDict(
-        train=Dataset.from_dict(_rows(n_train, 1, max_len)),
-        validation=Dataset.from_dict(_rows(n_val, 2, max_len)),
+        train=Dataset.from_dict(_rows(n_train, 1, max_len, full)),
+        validation=Dataset.from_dict(_rows(n_val, 2, max_len, full)),
     )
     ds.save_to_disk(str(root / "dataset"))
     tokenizer.save_pretrained(str(root / "tokenizer"))
