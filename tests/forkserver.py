@@ -18,7 +18,9 @@ skips only what a fresh interpreter would have done at import time. So that the 
   (``BERT_MP_TEST_FORKSERVER=0`` runs every command so).
 
 :func:`popen` and :func:`run` take ``subprocess.Popen`` / ``subprocess.run`` arguments; a command
-line that is not ``[sys.executable, "-m", "bert_mp", ...]`` goes to ``subprocess`` unchanged. The
+line that is not ``[sys.executable, "-m", "bert_mp", ...]`` - or ``[sys.executable, SCRIPT, ...]`` for a
+script of ``scripts/`` that calls ``quiet_libraries()`` before its imports, as ``bert-mp`` does - goes
+to ``subprocess`` unchanged. The
 child's CPU seconds (its own and its waited-for descendants') are added to :data:`CPU_SECONDS`,
 which the suite's CPU report counts (``tests/conftest.py``).
 """
@@ -229,7 +231,7 @@ def _loop(listener: socket.socket, home: tuple) -> None:
 
 def _child(job: dict, fds: list[int], home: tuple) -> None:
     """Become the command: its environment, folder, session and standard streams; then run it as
-    ``python -m bert_mp`` would. Never returns: the command's SystemExit (or exception) ends the
+    ``python -m bert_mp`` (or ``python SCRIPT``) would. Never returns: the command's SystemExit (or exception) ends the
     interpreter the normal way (atexit handlers, thread joins, a traceback, Ctrl-C's exit)."""
     import runpy
 
@@ -269,6 +271,11 @@ def _child(job: dict, fds: list[int], home: tuple) -> None:
         ),
     )
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+    if job.get("script"):  # `python SCRIPT ARGS`: its folder first on the path, as the interpreter does
+        sys.path[0] = os.path.dirname(os.path.realpath(job["script"]))
+        sys.argv = [job["script"], *job["args"]]
+        runpy.run_path(job["script"], run_name="__main__")
+        raise SystemExit(0)
     sys.path[0] = job["cwd"]
     sys.argv = ["-m", *job["args"]]
     runpy.run_module("bert_mp", run_name="__main__", alter_sys=True)
@@ -387,6 +394,12 @@ def close_servers() -> None:
         _SERVERS.popitem()[1].close()
 
 
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+QUIET_CALL = "quiet_libraries()"
+"""A script of the repository's ``scripts/`` that calls this before its imports (as ``bert-mp`` does)
+imports what the server imported, under the same quiet defaults: it is forked too."""
+
+
 def _bert_mp_args(args: Any) -> list[str] | None:
     args = list(args) if not isinstance(args, (str, bytes)) else None
     if not args or [str(a) for a in args[:3]] != [sys.executable, "-m", "bert_mp"]:
@@ -394,6 +407,20 @@ def _bert_mp_args(args: Any) -> list[str] | None:
     rest = [str(a) for a in args[3:]]
     # `bert-mp launch` imports little (torch only with a CUDA build) and starts its ranks afresh
     return None if "--debug" in rest or rest[:1] == ["launch"] else rest
+
+
+def _script_args(args: Any) -> tuple[str, list[str]] | None:
+    """``(script, arguments)`` of ``[sys.executable, SCRIPT, ...]`` where SCRIPT is one of ``scripts/``
+    that keeps to the quiet defaults (:data:`QUIET_CALL`); None for anything else."""
+    args = list(args) if not isinstance(args, (str, bytes)) else None
+    if not args or len(args) < 2 or str(args[0]) != sys.executable or not str(args[1]).endswith(".py"):
+        return None
+    script = Path(args[1])
+    try:
+        inside = script.resolve().is_relative_to(SCRIPTS) and QUIET_CALL in script.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return (str(script), [str(a) for a in args[2:]]) if inside else None
 
 
 class ForkedProcess:
@@ -546,11 +573,14 @@ def popen(
     text: bool = False,
     start_new_session: bool = False,
 ) -> Any:
-    """``subprocess.Popen(args, ...)``, through a fork server where ``args`` is a bert_mp command."""
-    rest = _bert_mp_args(args)
+    """``subprocess.Popen(args, ...)``, through a fork server where ``args`` is a bert_mp command (or
+    one of the repository's scripts that keeps to the same quiet defaults: :func:`_script_args`)."""
+    rest, script = _bert_mp_args(args), _script_args(args)
+    if script is not None:
+        script, rest = script
     env = dict(os.environ if env is None else env)
     use = rest is not None and os.environ.get(SWITCH_ENV, "1") != "0" and env.get("BERT_MP_DEBUG") != "1"
-    server = _server(env, eager=rest[:1] == ["sweep"]) if use else None
+    server = _server(env, eager=script is None and rest[:1] == ["sweep"]) if use else None
     if server is None or server.problem:
         return subprocess.Popen(
             args,
@@ -572,6 +602,7 @@ def popen(
         job = {
             "asker": os.getpid(),
             "args": rest,
+            "script": script,
             "env": env,
             "cwd": os.path.abspath(cwd or os.getcwd()),
             "new_session": start_new_session,

@@ -35,9 +35,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bert_mp.core.run.noise import quiet_libraries  # noqa: E402
+
+quiet_libraries()  # the libraries' chatter off the console, before they load, as `bert-mp` does
+
+import torch  # noqa: E402
+
 from bench.harness import write_report  # noqa: E402
 
 

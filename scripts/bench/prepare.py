@@ -41,6 +41,10 @@ from pathlib import Path
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process on both sides
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bert_mp.core.run.noise import quiet_libraries  # noqa: E402
+
+quiet_libraries()  # the libraries' chatter off the console, before they load, as `bert-mp` does
+
 from bench.tokenize_only import encode_file as _encode_file  # noqa: E402
 from bench.tokenize_only import init_worker as _init_worker  # noqa: E402
 

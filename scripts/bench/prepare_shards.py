@@ -20,6 +20,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
+from bert_mp.core.run.noise import quiet_libraries  # noqa: E402
+
+quiet_libraries()  # the libraries' chatter off the console, before they load, as `bert-mp` does
+
 from bench.harness import write_report  # noqa: E402
 from bench.prepare import ensure_tokenizer, parse_size, write_corpus  # noqa: E402
 

@@ -4,9 +4,9 @@ timing is asserted)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import forkserver
 from support import ROOT
 
 
@@ -21,7 +21,7 @@ def test_bench_checkpoint_runs(tmp_path):
         "--repeat",
         "2",
     ]
-    r = subprocess.run(
+    r = forkserver.run(  # forked from the suite's server (tests/forkserver.py)
         [sys.executable, *cmd, "--workdir", str(tmp_path), "--out", str(out)],
         capture_output=True,
         text=True,

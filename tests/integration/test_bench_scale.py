@@ -8,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 from support import ROOT
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
+    # forked from the suite's server (tests/forkserver.py); the shares' prepares start fresh
+    r = forkserver.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 from support import ROOT
 
 from bert_mp.data import allocator
 
 
 def _run(args: list[str], cwd: Path) -> None:
-    r = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    # forked from the suite's server: the scripts keep to bert-mp's quiet defaults (tests/forkserver.py)
+    r = forkserver.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -130,3 +130,51 @@ def test_a_server_removes_its_folder_when_it_ends_even_without_its_worker(tmp_pa
     proc.stdin.close()  # as when its worker is gone
     assert proc.wait(timeout=300) == 0
     assert not folder.exists()
+
+
+PROBE = """from bert_mp.core.run.noise import quiet_libraries
+
+quiet_libraries()
+import json, sys
+import torch
+print(json.dumps([sys.argv, __file__, sys.path[0], __name__, torch.__name__]))
+print("to stderr", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_forked_script_sees_what_a_fresh_one_sees(tmp_path, monkeypatch):
+    """A script of scripts/ that calls quiet_libraries() before its imports is forked: its argv,
+    ``__file__``, first path entry, name, output and exit status are a fresh interpreter's."""
+    monkeypatch.setattr(forkserver, "SCRIPTS", tmp_path)  # the probe stands in for one of scripts/
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    cmd = [sys.executable, str(script), "--flag", "x y"]
+    cwd = tmp_path / "elsewhere"  # the script's folder, not the working one, is first on the path
+    cwd.mkdir()
+    forkserver.server_for(ENV)
+    forked = forkserver.popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert isinstance(forked, forkserver.ForkedProcess)
+    out, err = forked.communicate(timeout=300)
+    fresh = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, timeout=300)
+    assert (
+        (forked.returncode, out, err)
+        == (fresh.returncode, fresh.stdout, fresh.stderr)
+        == (3, *_probe(script))
+    )
+
+
+def _probe(script) -> tuple[bytes, bytes]:
+    said = [[str(script), "--flag", "x y"], str(script), str(script.parent), "__main__", "torch"]
+    return (json.dumps(said) + "\n").encode(), b"to stderr\n"
+
+
+def test_only_the_repositorys_quiet_scripts_are_forked(tmp_path):
+    outside = tmp_path / "quiet.py"
+    outside.write_text(PROBE)
+    assert forkserver._script_args([sys.executable, str(outside)]) is None  # not one of scripts/
+    loud = [p for p in forkserver.SCRIPTS.rglob("*.py") if forkserver.QUIET_CALL not in p.read_text()]
+    quiet = forkserver.SCRIPTS / "bench" / "train.py"
+    assert loud and forkserver._script_args([sys.executable, str(loud[0]), "-h"]) is None
+    assert forkserver._script_args([sys.executable, str(quiet), "-h"]) == (str(quiet), ["-h"])
+    assert forkserver._script_args([sys.executable, "-c", "pass"]) is None
