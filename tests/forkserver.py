@@ -46,7 +46,10 @@ RUNTIME_ONLY_PREFIXES = ("BERT_MP_",)
 facts), never at import; the two below are the exceptions."""
 IMPORT_TIME = ("BERT_MP_CPU_MASK", "BERT_MP_DEBUG")
 RUNTIME_ONLY = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_TESTRUNUID", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
-"""The last: read when a launcher's config is made (set by a sweep for its runs)."""
+RUNTIME_ONLY += ("DS_ACCELERATOR",)
+"""``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``: read when a launcher's config is made (set by a sweep for its
+runs). ``DS_ACCELERATOR``: read by DeepSpeed's import, which only a run that uses DeepSpeed makes (a
+server whose imports took DeepSpeed in is not used); every in-process CPU run of a worker sets it."""
 MAX_SERVERS = 4
 CPU_SECONDS = 0.0
 """CPU seconds of the servers' imports and of the children they ran, for the suite's CPU report."""
@@ -145,6 +148,8 @@ def _serve(path: str) -> None:
         problem = f"the imports printed: {printed[:800]!r}"
     import threading
 
+    if "deepspeed" in sys.modules and problem is None:  # its DS_ACCELERATOR would be import-time
+        problem = "the imports took DeepSpeed in: DS_ACCELERATOR would be read at import"
     if threading.active_count() > 1 and problem is None:
         problem = f"{threading.enumerate()} after the imports: forking would copy one of them only"
     try:  # how a child's end is seen (Linux 5.3+)

@@ -103,6 +103,7 @@ def test_the_import_environment_keys_the_server():
     key = forkserver.import_key
     assert key({**base, "BERT_MP_HOLD": "step:1", "PYTEST_CURRENT_TEST": "t (call)"}) == key(base)
     assert key({**base, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}) == key(base)  # a sweep's runs
+    assert key({**base, "DS_ACCELERATOR": "cpu"}) == key(base)  # read when DeepSpeed is imported
     # quiet_libraries() sets its defaults before any import: having them already changes nothing
     assert key({**base, "TRANSFORMERS_VERBOSITY": "error"}) == key(base)
     assert key({**base, "TRANSFORMERS_VERBOSITY": "info"}) != key(base)
