@@ -18,11 +18,10 @@ skips only what a fresh interpreter would have done at import time. So that the 
   (``BERT_MP_TEST_FORKSERVER=0`` runs every command so).
 
 :func:`popen` and :func:`run` take ``subprocess.Popen`` / ``subprocess.run`` arguments; a command
-line that is not ``[sys.executable, "-m", "bert_mp", ...]`` - or ``[sys.executable, SCRIPT, ...]`` for a
-script of ``scripts/`` that calls ``quiet_libraries()`` before its imports, as ``bert-mp`` does - goes
-to ``subprocess`` unchanged. The
-child's CPU seconds (its own and its waited-for descendants') are added to :data:`CPU_SECONDS`,
-which the suite's CPU report counts (``tests/conftest.py``).
+line that is not ``[sys.executable, "-m", "bert_mp", ...]`` - or ``[sys.executable, SCRIPT, ...]`` for
+a script of ``scripts/`` that calls ``quiet_libraries()`` before its imports, as ``bert-mp`` does -
+goes to ``subprocess`` unchanged. The child's CPU seconds (its own and its waited-for descendants')
+are added to :data:`CPU_SECONDS`, which the suite's CPU report counts (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -236,8 +235,9 @@ def _loop(listener: socket.socket, home: tuple) -> None:
 
 def _child(job: dict, fds: list[int], home: tuple) -> None:
     """Become the command: its environment, folder, session and standard streams; then run it as
-    ``python -m bert_mp`` (or ``python SCRIPT``) would. Never returns: the command's SystemExit (or exception) ends the
-    interpreter the normal way (atexit handlers, thread joins, a traceback, Ctrl-C's exit)."""
+    ``python -m bert_mp`` (or ``python SCRIPT``) would. Never returns: the command's SystemExit (or
+    exception) ends the interpreter the normal way (atexit handlers, thread joins, a traceback,
+    Ctrl-C's exit)."""
     import runpy
 
     global _HOME
