@@ -27,8 +27,9 @@ def data_change_error(resumed_from: Any, trained_on: str, data_path: Any, now: s
     """A resume onto prepared data whose bytes changed since the checkpoint (``prepare --force``)."""
     return TrainingError(
         f"train.resume: {resumed_from} was trained on data with fingerprint {trained_on}, but "
-        f"{data_path} now holds {now} (rebuilt, e.g. by prepare --force); prepare the original "
-        "data again, or set train.allow_data_change=true to continue on the new data"
+        f"{data_path} now holds {now} (rebuilt from other data); prepare the original data again, or "
+        "set train.allow_data_change=true to continue on the new data (a fingerprint of the earlier form, "
+        "which also hashed datasets' random state.json, matches no folder rebuilt since)"
     )
 
 
@@ -48,6 +49,7 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
         return
     state = ckpt.read_loop_state(folder)
     trained_on = (state.get("meta") or {}).get("data_fingerprint")
-    now = json.loads((data / "stats.json").read_text(encoding="utf-8")).get("fingerprint")
-    if not same_data(trained_on, data, now):
+    stats = json.loads((data / "stats.json").read_text(encoding="utf-8"))
+    now = stats.get("fingerprint")
+    if not same_data(trained_on, data, now, stats.get("fingerprint_hash")):
         raise data_change_error(folder, trained_on, data, now)

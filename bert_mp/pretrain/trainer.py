@@ -175,12 +175,25 @@ class Trainer(TrainingLoop):
 
             with self.accelerator.main_process_first():
                 self.data = load_prepared(prepare(self.cfg))
+        self.verify_data()
         self.train_ds, self.val_ds = self.data.dataset["train"], self.data.dataset["validation"]
         if len(self.train_ds) < self.tc.global_batch_size:
             raise DataError(
                 f"the train split has {len(self.train_ds)} examples, fewer than train.global_batch_size="
                 f"{self.tc.global_batch_size}; prepare more data or lower the batch size"
             )
+
+    def verify_data(self) -> None:
+        """Every prepared folder read checked against its recorded checksums before the first step
+        (one line each, with the time it took): on each machine's first process, the others waiting."""
+        from bert_mp.data.prepare.cache import verify_prepared
+
+        if self.data.path is None:  # data handed in by a caller (tests, benchmarks): nothing on disk
+            return
+        with self.accelerator.local_main_process_first():
+            if self.accelerator.is_local_main_process:
+                for folder in self.data.stats.get("shares") or [self.data.path]:
+                    console.say(verify_prepared(folder), command="train")
 
     def build_parts(self) -> None:
         """Model (seeded), optimizer, scheduler and scaler, prepared by Accelerate."""
@@ -247,7 +260,8 @@ class Trainer(TrainingLoop):
         super().restore()
         trained_on = self.checkpointer.restored_meta.get("data_fingerprint")
         now = self.checkpointer.meta["data_fingerprint"]
-        if not self.tc.allow_data_change and not same_data(trained_on, self.data.path, now):
+        form = self.data.stats.get("fingerprint_hash")
+        if not self.tc.allow_data_change and not same_data(trained_on, self.data.path, now, form):
             raise data_change_error(self.resumed_from, trained_on, self.data.path, now)
 
     def build_loader(self) -> None:

@@ -114,6 +114,10 @@ class DataConfig:
     """Shards per split written by ``save_to_disk``."""
     cache_dir: str = "runs/data"
     """Prepared data goes to ``<cache_dir>/<hash of this section>/``; the same config reuses it."""
+    build_wait_s: Optional[float] = None
+    """How long a ``prepare`` (or a ``train`` that prepares) waits for another process building the
+    same folder before it stops with one line (exit 2); None: as long as that build takes. The
+    waiting command then reuses what the other one built."""
     shard: str = "0/1"
     """``I/N``: prepare share I (0 to N-1) of the corpus's documents cut into N contiguous shares
     (``datasets``' ``Dataset.shard(N, I, contiguous=True)``), into its own folder, so that N machines
@@ -184,6 +188,8 @@ class DataConfig:
             _range(self.max_predictions_per_seq, "data.max_predictions_per_seq", 1)
         _range(self.validation_fraction, "data.validation_fraction", 0.0, 0.5)
         _range(self.num_proc, "data.num_proc", 1, 256)
+        if self.build_wait_s is not None:
+            _range(self.build_wait_s, "data.build_wait_s", 0)
         _range(self.num_shards, "data.num_shards", 1)
         _range(self.seed, "data.seed", 0)
         if self.max_documents is not None:
@@ -233,7 +239,14 @@ class DataConfig:
     def cache_key(self) -> str:
         """Hash of every setting that changes the prepared bytes (not num_proc, not cache_dir)."""
         d = asdict(self)
-        for k in ("num_proc", "cache_dir", "pack_pairs", "token_budget", "mlm_document_attention"):
+        for k in (
+            "num_proc",
+            "cache_dir",
+            "build_wait_s",
+            "pack_pairs",
+            "token_budget",
+            "mlm_document_attention",
+        ):
             d.pop(k)
         if self.tokenizer is not None:  # a given tokenizer: no vocabulary is learned, no sample drawn
             d.pop("vocab_sample_chars")

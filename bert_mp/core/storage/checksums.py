@@ -110,15 +110,23 @@ def write_manifest(
     Entries in ``known`` (hashed while written) are taken as they are when the size on disk agrees;
     every other file is read and hashed here.
     """
+    files = manifest_entries(folder, name, known, only)
+    atomic_write_json(Path(folder) / name, {"format": FORMAT, "hash": HASH, "files": files})
+    return files
+
+
+def manifest_entries(
+    folder: str | Path, skip: str, known: dict[str, dict] | None = None, only: Any = None
+) -> dict[str, dict]:
+    """The entries :func:`write_manifest` would write (every file but ``skip``), without writing them."""
     folder, known = Path(folder), known or {}
     files: dict[str, dict] = {}
-    for p in _files(folder, name):
+    for p in _files(folder, skip):
         rel = p.relative_to(folder).as_posix()
         if only is not None and not only(rel):
             continue
         entry = known.get(rel)
         files[rel] = entry if entry and entry["size"] == p.stat().st_size else file_entry(p)
-    atomic_write_json(folder / name, {"format": FORMAT, "hash": HASH, "files": files})
     return files
 
 

@@ -25,6 +25,7 @@ import shlex
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -171,6 +172,36 @@ def take(folder: str | Path, holder: Holder) -> FolderLock:
     lock = FolderLock(path, fd, created=created)
     _HELD.append(lock)
     return lock
+
+
+def take_waiting(
+    folder: str | Path, holder: Holder, timeout: float | None, on_wait: Callable[[Holder | None], None]
+) -> FolderLock:
+    """:func:`take`, waiting while a live process holds ``folder``: ``on_wait(its holder)`` once, then
+    a retry every :data:`WAIT_POLL_S` until the lock is free (its holder let go or died) or
+    ``timeout`` seconds have passed (None: no limit), when :class:`FolderInUse` is raised. A folder
+    its last holder removed between two tries (the folders :func:`take` made are removed with the
+    lock) is made again."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    told = False
+    while True:
+        try:
+            return take(folder, holder)
+        except FolderInUse as e:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            if not told:
+                on_wait(e.holder)
+                told = True
+        except FileNotFoundError:  # the folder went with its holder's lock: take it again now
+            continue
+        time.sleep(
+            WAIT_POLL_S if deadline is None else max(0.0, min(WAIT_POLL_S, deadline - time.monotonic()))
+        )
+
+
+WAIT_POLL_S = 0.1
+"""How often :func:`take_waiting` tries again (a few system calls a try)."""
 
 
 _HELD: list[FolderLock] = []

@@ -5,12 +5,14 @@ turned into one line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +21,13 @@ import pyarrow.compute as pc
 
 from bert_mp.core.config import Config, DataConfig, load_config, save_config
 from bert_mp.core.run import console
+from bert_mp.core.storage import checksums, folder_lock
 from bert_mp.core.storage import disk as storage
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.data import allocator
 from bert_mp.data.corpus import describe_source
-from bert_mp.data.fingerprint import HASH as FINGERPRINT_HASH
-from bert_mp.data.fingerprint import folder_fingerprint, same_data
+from bert_mp.data.fingerprint import FORM as FINGERPRINT_FORM
+from bert_mp.data.fingerprint import MANIFEST, data_fingerprint, legacy_fingerprints
 from bert_mp.data.prepare.blocks import BlockPairer, assign_splits, make_blocks
 from bert_mp.data.prepare.cache import MARKER, cache_path, is_complete
 from bert_mp.data.prepare.interrupts import interrupts_in_this_process_only
@@ -131,13 +134,63 @@ def no_bar_monitor_thread() -> None:
 
 
 def prepare(cfg: Config, force: bool = False) -> Path:
-    """The prepared folder for ``cfg.data``, built unless a complete cached copy exists (or ``force``)."""
+    """The prepared folder for ``cfg.data``, built unless a complete cached copy exists (or ``force``).
+
+    One process builds a folder at a time (:func:`builder`): a second one of the same key waits for
+    the first, then reuses what it built (even with ``force``: that build is as fresh)."""
     data = cfg.data
     data.validate()
     final = cache_path(data)
     if is_complete(final) and not force:
         console.say(f"reusing {final} (same data config; --force rebuilds)", command="prepare")
         return final
+    with builder(final, data.build_wait_s) as waited_for:
+        if is_complete(final) and (waited_for or not force):
+            console.say(
+                f"reusing {final}, built meanwhile by {waited_for or 'another process'}", command="prepare"
+            )
+            return final
+        stats = _build_folder(cfg, final, force)
+    print_summary(stats, final)
+    return final
+
+
+@contextlib.contextmanager
+def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
+    """Hold the lock of ``final``'s builder (:mod:`bert_mp.core.storage.folder_lock`: an ``flock`` of
+    ``<cache_dir>/.building-<key>/bert-mp.lock``, which the kernel drops when this process ends,
+    however it ends). Where another process holds it, say once whom this one waits for, and wait
+    (at most ``wait_s`` seconds: then one line, exit 2). Yields the holder waited for (None where
+    none), and, holding the lock, removes the temporary folders of builders that died."""
+    lock_dir = final.parent / f".building-{final.name}"
+    waited: list[folder_lock.Holder | None] = []
+
+    def on_wait(holder: folder_lock.Holder | None) -> None:
+        waited.append(holder)
+        who = holder.describe() if holder else "a process whose lock file names no holder"
+        console.say(f"waiting for {who} to finish building {final}", command="prepare")
+
+    try:
+        lock = folder_lock.take_waiting(lock_dir, folder_lock.me(), wait_s, on_wait)
+    except folder_lock.FolderInUse as e:
+        who = e.holder.describe() if e.holder else "another process"
+        raise DataError(
+            f"{final} is still being built by {who} after data.build_wait_s={wait_s:g} s; wait for it "
+            f"(a larger data.build_wait_s, or none) or stop it (kill -TERM {e.holder.pid if e.holder else 'PID'})"
+        ) from None
+    with lock:
+        for stale in final.parent.glob(f".tmp-{final.name}-*"):  # a builder's that died (SIGKILL)
+            shutil.rmtree(stale, ignore_errors=True)
+        yield (
+            (f"pid {waited[0].pid} on {waited[0].host}" if waited[0] else "another process")
+            if waited
+            else None
+        )
+
+
+def _build_folder(cfg: Config, final: Path, force: bool) -> dict:
+    """Build ``final`` in a temporary folder and rename it into place; the stats."""
+    data = cfg.data
     final.parent.mkdir(parents=True, exist_ok=True)
     no_bar_monitor_thread()
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -157,13 +210,10 @@ def prepare(cfg: Config, force: bool = False) -> Path:
                 with allocator.tuned():
                     stats = _build(cfg, tmp, force)
                 stats["warnings"] = stats_warnings(stats, data)
-                stats["fingerprint"] = folder_fingerprint(tmp)
-                stats["fingerprint_hash"] = FINGERPRINT_HASH
-                _say_if_rebuilt_differently(final, tmp, stats["fingerprint"])
-                save_config(data_only(cfg), tmp / "config.yaml")
-                atomic_write_json(tmp / "stats.json", stats)
+                _record(cfg, tmp, final, stats)
                 (tmp / MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
                 storage.replace_folder(tmp, final)
+                checksums.remember(final, MANIFEST)  # hashed just now: a train in this process reads it once
             except BaseException as e:
                 if caught.signum is None:
                     refused = _refused_write(e, final, tmp, was_complete)
@@ -175,8 +225,19 @@ def prepare(cfg: Config, force: bool = False) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    print_summary(stats, final)
-    return final
+    return stats
+
+
+def _record(cfg: Config, tmp: Path, final: Path, stats: dict) -> None:
+    """The data's fingerprint into ``stats``, then ``config.yaml``, ``stats.json`` and the manifest of
+    every file (each file read once: the fingerprint is of the manifest's digests of the data files)."""
+    entries = checksums.manifest_entries(tmp, MANIFEST)
+    stats["fingerprint"] = data_fingerprint(tmp, entries)
+    stats["fingerprint_hash"] = FINGERPRINT_FORM
+    _say_if_rebuilt_differently(final, stats["fingerprint"])
+    save_config(data_only(cfg), tmp / "config.yaml")
+    atomic_write_json(tmp / "stats.json", stats)
+    checksums.write_manifest(tmp, MANIFEST, known=entries)
 
 
 def _refused_write(e: BaseException, final: Path, tmp: Path, was_complete: bool) -> BaseException | None:
@@ -204,17 +265,19 @@ def _left_behind(final: Path, tmp: Path, was_complete: bool) -> str:
     return f"{final} kept as it was" if tmp.exists() else f"{final} was complete before the signal"
 
 
-def _say_if_rebuilt_differently(final: Path, built: Path, fingerprint: str) -> None:
-    """``--force`` over a folder whose bytes change (``built``: the new build): runs trained on it
-    must hear of it."""
+def _say_if_rebuilt_differently(final: Path, fingerprint: str) -> None:
+    """``--force`` over a folder whose data changes (``fingerprint``: the new build's): runs trained on
+    it must hear of it. An old folder of an earlier form is fingerprinted in this one to compare."""
     old_stats = final / "stats.json"
     if not old_stats.is_file():
         return
     recorded = json.loads(old_stats.read_text(encoding="utf-8"))
     old = recorded.get("fingerprint")
-    if not same_data(old, built, fingerprint, recorded.get("fingerprint_hash") != FINGERPRINT_HASH):
+    if recorded.get("fingerprint_hash") != FINGERPRINT_FORM and old:
+        old = legacy_fingerprints(final)[FINGERPRINT_FORM]
+    if old and old != fingerprint:
         console.say(
-            f"warning: rebuilt {final} with other bytes (fingerprint {old} -> {fingerprint}); "
+            f"warning: rebuilt {final} with other data (fingerprint {old} -> {fingerprint}); "
             "runs trained on the old data refuse to resume on it unless train.allow_data_change=true",
             command="prepare",
         )

@@ -44,6 +44,42 @@ def is_complete(path: Path) -> bool:
     return any((Path(path) / name).is_file() for name in (MARKER, *LEGACY_MARKERS))
 
 
+def verify_prepared(path: str | Path) -> str:
+    """Check a complete prepared folder against what its build recorded, before training reads it:
+    every file against the manifest (:data:`~bert_mp.data.fingerprint.MANIFEST`: sizes, then
+    xxh3-128 digests); a folder built without one, its files against the fingerprint its
+    ``stats.json`` records (one pass, in the form it names). A difference is one line naming the
+    file (where a manifest says which) and what to do (:class:`DataError`, exit 2); otherwise a line
+    saying what was verified and how long it took. A folder verified earlier in this process and
+    unchanged since (or built by it) is not read again."""
+    import time
+
+    from bert_mp.core.storage import checksums
+    from bert_mp.core.storage.disk import human_bytes
+    from bert_mp.data.fingerprint import MANIFEST, legacy_fingerprints
+
+    path, t0 = Path(path), time.perf_counter()
+    rebuild = "rebuild it with bert-mp prepare --force (the same config), or restore it from a copy"
+    if (path / MANIFEST).is_file():
+        verdict = checksums.check(path, MANIFEST, f"no {MANIFEST}", MANIFEST)
+        if verdict.problem:
+            raise DataError(f"the prepared data {path} failed its check: {verdict.problem}; {rebuild}")
+        size = sum((path / rel).stat().st_size for rel in verdict.files)
+        what = f"{len(verdict.files)} files, {human_bytes(size)}, against {MANIFEST}"
+    else:
+        stats = json.loads((path / "stats.json").read_text(encoding="utf-8"))
+        recorded = stats.get("fingerprint")
+        if not recorded:
+            return f"{path} records no fingerprint: not verified"
+        if recorded not in legacy_fingerprints(path).values():
+            raise DataError(
+                f"the prepared data {path} failed its check: its files differ from the fingerprint {recorded} "
+                f"its stats.json records (it has no {MANIFEST} to name the file); {rebuild}"
+            )
+        what = f"every file against its fingerprint {recorded}: no {MANIFEST}"
+    return f"verified {path} ({what}) in {time.perf_counter() - t0:.2f} s"
+
+
 def check_corpus(data: DataConfig) -> None:
     """The files a build of ``data`` would read exist: called before a command's start-up work, so
     a mistyped path is one line at once. Nothing to check where the prepared folder is complete
@@ -93,6 +129,7 @@ def _differing_key(a: DataConfig, b: DataConfig) -> str:
     ignored = (
         "shard",
         "cache_dir",
+        "build_wait_s",
         "num_proc",
         "num_shards",
         "pack_pairs",
