@@ -4,11 +4,14 @@ corpus is prepared, each problem counted."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import forkserver
-from support import write_corpus
+from support import hold_env, start_cli, wait_held, write_corpus
 
 
 def _cli(tmp_path, *args):
@@ -65,7 +68,7 @@ def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
     corpus.mkdir()
     for i in range(3):
         write_corpus(corpus / f"{i}.txt", n_docs=20, seed=i)
-    outputs = []
+    outputs, fingerprints = [], []
     for run, seed in (("one", "1"), ("two", "2")):
         r = forkserver.run(
             [sys.executable, "-m", "bert_mp", "prepare", "data.source=text", f"data.paths=[{corpus}]"]
@@ -85,6 +88,10 @@ def test_two_fresh_prepares_of_the_same_corpus_are_identical(tmp_path):
         assert f"a sample of {sample['documents']} of {sample['of_documents']} training documents" in r.stdout
         train = prepared.dataset["train"]
         outputs.append((prepared.tokenizer.get_vocab(), train["input_ids"], train["next_sentence_label"]))
+        fingerprints.append(prepared.stats["fingerprint"])
+    assert (
+        fingerprints[0] == fingerprints[1]
+    )  # of the data alone: two folders, two processes, one fingerprint
     assert outputs[0][0] == outputs[1][0]
     assert outputs[0][1] == outputs[1][1] and outputs[0][2] == outputs[1][2]
     assert len(outputs[0][1]) > 20
@@ -107,3 +114,75 @@ def test_prepare_loads_no_torch(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "0 False"
+
+
+# --------------------------------------------------------------------------------------------------
+# one builder per cache folder
+# --------------------------------------------------------------------------------------------------
+BUILD = ["data.source=text", "data.paths=[corpus]", "data.vocab_size=300", "data.max_seq_length=32"]
+
+
+def _start_held(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A prepare of BUILD into cache/, held once its tokenizer is written (it holds the builder's lock)."""
+    (tmp_path / "corpus").mkdir()
+    write_corpus(tmp_path / "corpus" / "a.txt", n_docs=60)
+    ready = tmp_path / "held"
+    env = {**os.environ, **hold_env("tokenizer:written", ready)}  # the server _cli forks from
+    proc = start_cli("prepare", *BUILD, "data.cache_dir=cache", cwd=tmp_path, env=env)
+    wait_held(proc, ready)
+    return proc, ready
+
+
+def _built(cache: Path) -> Path:
+    (folder,) = [p for p in cache.iterdir() if (p / "PREPARED").exists()]
+    return folder
+
+
+def test_two_prepares_of_one_key_started_together_build_once(tmp_path):
+    """The second waits for the first with one line naming it (the order is the test's: the first is
+    held inside its build), then reuses its folder; with data.build_wait_s it stops in one line."""
+    first, ready = _start_held(tmp_path)
+    second = start_cli("prepare", *BUILD, "data.cache_dir=cache", cwd=tmp_path, env=dict(os.environ))
+    line = second.stdout.readline()  # blocks until the second says it waits (or ends)
+    assert line.startswith(f"bert-mp prepare: waiting for pid {first.pid} on "), (line, second.stderr.read())
+    assert "`bert-mp prepare data.source=text" in line and "to finish building cache/" in line
+    hurry = _cli(tmp_path, *BUILD, "data.build_wait_s=0.2")  # (the same key: cache_dir is not in it)
+    assert hurry.returncode == 2, hurry.stderr[-2000:]
+    assert hurry.stderr.strip().startswith("bert-mp prepare: error: ") and "\n" not in hurry.stderr.strip()
+    assert (
+        f"is still being built by pid {first.pid} on " in hurry.stderr
+        and "data.build_wait_s=0.2 s" in hurry.stderr
+    )
+    ready.unlink()  # the first goes on
+    out1, err1 = first.communicate(timeout=300)
+    out2, err2 = second.communicate(timeout=300)
+    assert first.returncode == 0 and second.returncode == 0, (err1[-2000:], err2[-2000:])
+    folder = _built(tmp_path / "cache")
+    assert f"reusing cache/{folder.name}, built meanwhile by pid {first.pid} on " in out2
+    assert "prepared" in out1 and "prepared" not in out2  # one build: the summary once
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [folder.name, "tokenizers"]
+
+
+def test_a_builder_killed_leaves_nothing_half_used_and_the_next_one_takes_over(tmp_path):
+    first, _ = _start_held(tmp_path)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=60)
+    cache = tmp_path / "cache"
+    left = sorted(p.name for p in cache.iterdir())
+    assert any(n.startswith(".tmp-") for n in left) and not any(
+        (cache / n / "PREPARED").exists() for n in left
+    )
+    again = _cli(tmp_path, *BUILD)  # into cache/: the lock died with its holder
+    assert again.returncode == 0 and "waiting" not in again.stdout, again.stderr[-3000:]
+    folder = _built(cache)
+    assert sorted(p.name for p in cache.iterdir()) == [
+        folder.name,
+        "tokenizers",
+    ]  # the dead build's folder gone
+    clean = forkserver.run(
+        [sys.executable, "-m", "bert_mp", "prepare", *BUILD, "data.cache_dir=clean"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    fingerprint = json.loads((folder / "stats.json").read_text())["fingerprint"]
+    assert fingerprint == json.loads((_built(tmp_path / "clean") / "stats.json").read_text())["fingerprint"]

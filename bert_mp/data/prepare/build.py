@@ -146,9 +146,7 @@ def prepare(cfg: Config, force: bool = False) -> Path:
         return final
     with builder(final, data.build_wait_s) as waited_for:
         if is_complete(final) and (waited_for or not force):
-            console.say(
-                f"reusing {final}, built meanwhile by {waited_for or 'another process'}", command="prepare"
-            )
+            console.say(f"reusing {final}, built meanwhile by {waited_for or 'another process'}")
             return final
         stats = _build_folder(cfg, final, force)
     print_summary(stats, final)
@@ -163,12 +161,13 @@ def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
     (at most ``wait_s`` seconds: then one line, exit 2). Yields the holder waited for (None where
     none), and, holding the lock, removes the temporary folders of builders that died."""
     lock_dir = final.parent / f".building-{final.name}"
+    final.parent.mkdir(parents=True, exist_ok=True)  # the cache folder stays when the lock goes
     waited: list[folder_lock.Holder | None] = []
 
     def on_wait(holder: folder_lock.Holder | None) -> None:
         waited.append(holder)
         who = holder.describe() if holder else "a process whose lock file names no holder"
-        console.say(f"waiting for {who} to finish building {final}", command="prepare")
+        console.say(f"waiting for {who} to finish building {final}")
 
     try:
         lock = folder_lock.take_waiting(lock_dir, folder_lock.me(), wait_s, on_wait)
@@ -178,14 +177,18 @@ def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
             f"{final} is still being built by {who} after data.build_wait_s={wait_s:g} s; wait for it "
             f"(a larger data.build_wait_s, or none) or stop it (kill -TERM {e.holder.pid if e.holder else 'PID'})"
         ) from None
-    with lock:
-        for stale in final.parent.glob(f".tmp-{final.name}-*"):  # a builder's that died (SIGKILL)
-            shutil.rmtree(stale, ignore_errors=True)
-        yield (
-            (f"pid {waited[0].pid} on {waited[0].host}" if waited[0] else "another process")
-            if waited
-            else None
-        )
+    try:
+        with lock:
+            for stale in final.parent.glob(f".tmp-{final.name}-*"):  # a builder's that died (SIGKILL)
+                shutil.rmtree(stale, ignore_errors=True)
+            yield _who(waited[0]) if waited else None
+    finally:
+        with contextlib.suppress(OSError):  # left by a builder that died (a waiter's take makes it again)
+            lock_dir.rmdir()
+
+
+def _who(holder: folder_lock.Holder | None) -> str:
+    return f"pid {holder.pid} on {holder.host}" if holder else "another process"
 
 
 def _build_folder(cfg: Config, final: Path, force: bool) -> dict:

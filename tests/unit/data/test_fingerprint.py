@@ -204,7 +204,9 @@ def test_force_rebuild_over_other_data_says_so(prepared_cfg, capsys, tmp_path):
     assert capsys.readouterr().out == ""
     prep_build._say_if_rebuilt_differently(path, "f" * 32)
     out = capsys.readouterr().out
-    assert f"with other data (fingerprint {old} -> {'f' * 32})" in out and "train.allow_data_change=true" in out
+    assert (
+        f"with other data (fingerprint {old} -> {'f' * 32})" in out and "train.allow_data_change=true" in out
+    )
     # an old folder of an earlier form: fingerprinted in this form to compare (the same data: silence)
     legacy = tmp_path / "legacy"
     for part in ("dataset", "tokenizer"):
