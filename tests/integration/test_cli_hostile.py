@@ -255,7 +255,7 @@ def test_interrupt_while_the_tokenizer_is_written_leaves_no_temporary_folder(tmp
 # --------------------------------------------------------------------------------------------------
 # runs and data that must not be silently reused or changed
 # --------------------------------------------------------------------------------------------------
-def test_prepare_force_with_other_bytes_warns_and_the_resume_names_both_fingerprints(copy):
+def test_prepare_force_with_other_data_warns_and_the_resume_names_both_fingerprints(copy):
     key = load_config(None, DATA).data.cache_key()
     old = json.loads((copy / "data" / key / "stats.json").read_text())["fingerprint"]
     write_corpus(copy / "corpus" / "a.txt", 120, seed=7)  # the same config, other text
@@ -263,13 +263,30 @@ def test_prepare_force_with_other_bytes_warns_and_the_resume_names_both_fingerpr
     assert proc.returncode == 0, proc.stderr[-3000:]
     new = json.loads((copy / "data" / key / "stats.json").read_text())["fingerprint"]
     assert new != old
-    assert f"warning: rebuilt data/{key} with other bytes (fingerprint {old} -> {new})" in proc.stdout
+    assert f"warning: rebuilt data/{key} with other data (fingerprint {old} -> {new})" in proc.stdout
     assert "train.allow_data_change=true" in proc.stdout
     before = snapshot(copy / "run", copy / "data")
     line = one_line(run_cli("train", *TRAIN, "train.resume=latest", "train.max_steps=3", cwd=copy))
     assert f"fingerprint {old}, but data/{key} now holds {new}" in line
     assert "train.allow_data_change=true" in line
     assert snapshot(copy / "run", copy / "data") == before
+
+
+def test_a_changed_byte_in_a_prepared_arrow_file_is_one_line_naming_it_before_any_step(copy):
+    key = load_config(None, DATA).data.cache_key()
+    arrow = copy / "data" / key / "dataset" / "train" / "data-00000-of-00001.arrow"
+    raw = bytearray(arrow.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    arrow.write_bytes(bytes(raw))
+    before = snapshot(copy / "run", copy / "data")
+    line = one_line(run_cli("train", *TRAIN, "train.resume=latest", "train.max_steps=3", cwd=copy))
+    assert line.startswith(f"bert-mp train: error: the prepared data data/{key} failed its check: ")
+    assert "dataset/train/data-00000-of-00001.arrow does not match its checksum" in line
+    assert "bert-mp prepare --force" in line
+    after = snapshot(copy / "run", copy / "data")
+    for snap in (before, after):  # the run folder's own time: its lock was taken, then let go
+        snap.pop(str(copy / "run"))
+    assert after == before  # nothing written: no step, no checkpoint, no log
 
 
 def test_resume_with_another_model_shape_is_refused_untouched(project):
