@@ -118,6 +118,42 @@ def _mark_rule(text: str, marker: str) -> tuple[str, int]:
     return marked + marker, len(parts) // 2 + m + 1
 
 
+def mark_rule_in_pieces(text: str, marker: str, size: int) -> tuple[str, int]:
+    """:func:`_mark_rule` of a long ``text``, in pieces of at most about ``size`` characters, so the
+    marking's intermediate lists and copies are a piece's, not the document's. Each piece ends at a
+    rule boundary (the next piece starts after all the whitespace the boundary takes, at a
+    non-space): marked alone, it ends in the marker that stands there in the whole text (after the
+    spaces a blank line's boundary leaves before it), and no boundary's look-ahead or look-behind
+    reaches across the cut. A stretch of ``size`` characters without a boundary is marked with what
+    follows it."""
+    text = text.strip()
+    out: list[str] = []
+    count, start = 0, 0
+    while len(text) - start > size:
+        last = None
+        for lo in (start + size // 2, start):  # the piece's second half first, then all of it
+            for m in _BOUNDARY.finditer(text, lo, start + size):
+                if m.end() < start + size:  # not cut short by the end of the search
+                    last = m
+            if last is not None:
+                break
+        if last is None:  # no boundary here: this stretch goes with the next piece
+            last = _BOUNDARY.search(text, start + size)
+            if last is None:
+                break
+        if last.group(1) is None:  # a blank line: the spaces before it stay, as in the whole
+            body = text[start : last.start()]
+            marked, n = _mark_rule(body, marker)
+            marked = marked[: -len(marker)] + body[len(body.rstrip()) :] + marker
+        else:
+            marked, n = _mark_rule(text[start : last.end(1)], marker)
+        out.append(marked)
+        count += n
+        start = last.end()
+    marked, n = _mark_rule(text[start:], marker)
+    return "".join([*out, marked]), count + n
+
+
 _DOC_DELIMITER = "\x00"
 
 
@@ -226,9 +262,33 @@ def build_marker(name: str) -> Marker:
     return mark
 
 
+def cut_into_pieces(text: str, size: int, cuts: str) -> list[str]:
+    """``text`` in consecutive pieces of at most ``size`` characters, joined back it is ``text``; each
+    cut just before one of the characters ``cuts`` (``bert_mp.data.tokenizer.piece_cuts``: where the
+    tokenizer starts a new word whatever came before), the last such character of the piece's
+    second half - or of the whole piece, or, with none of them in ``size`` characters, at ``size``
+    (a "word" that long is one ``[UNK]`` to WordPiece, and a few ``[UNK]`` cut apart)."""
+    if len(text) <= size:
+        return [text]
+    out, start = [], 0
+    while len(text) - start > size:
+        end = start + size
+        cut = max(text.rfind(c, start + size // 2, end) for c in cuts)
+        if cut <= start:
+            cut = max(text.rfind(c, start + 1, end) for c in cuts)
+        if cut <= start:
+            cut = end
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
+
+
 def flatten_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Token id lists as one flat int32 array and each list's length."""
+    """Token id lists (or arrays) as one flat int32 array and each list's length."""
     doc_lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if any(isinstance(x, np.ndarray) for x in ids):  # a long document's: no per-token Python work
+        return np.concatenate([np.asarray(x, np.int32) for x in ids] or [np.zeros(0, np.int32)]), doc_lens
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(doc_lens.sum()))
     return flat, doc_lens
 

@@ -212,6 +212,45 @@ def plain_ascii_encoder(enc: Any) -> Any | None:
     return fast
 
 
+_CUT_NORMALIZERS = frozenset(
+    {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Strip"}
+)
+"""Normalizers that change each character alone (a cut at whitespace never joins or parts what they see)."""
+_CUT_PRE_TOKENIZERS = {"BertPreTokenizer": True, "Whitespace": False, "WhitespaceSplit": False}
+"""Pre-tokenizers that split words at whitespace and drop it; True: each punctuation character is a
+word of its own too."""
+WHITESPACE_CUTS = " \n\t"
+
+
+def piece_cuts(enc: Any) -> str | None:
+    """The characters before which a text may be cut, each piece encoded alone, with the same ids as
+    the whole text (:func:`bert_mp.data.segment.cut_into_pieces`): whitespace, and ASCII
+    punctuation where the pre-tokenizer isolates every punctuation character (but those inside an
+    added token's text, such as ``]`` of ``[SEP]``, which prepare writes as a marker). None where that is not
+    proven: a normalizer that may look across characters (a regular expression, a precompiled
+    map), a pre-tokenizer that keeps whitespace with a word (byte-level BPE, SentencePiece's
+    Metaspace), or a non-special added token that holds a space (matched before the cut could be
+    seen)."""
+    import json
+    import string
+
+    spec = json.loads(enc.to_str())
+    norm = spec.get("normalizer") or {}
+    norms = norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm] if norm else []
+    if any(n.get("type") not in _CUT_NORMALIZERS for n in norms):
+        return None
+    punctuation = _CUT_PRE_TOKENIZERS.get((spec.get("pre_tokenizer") or {}).get("type"))
+    if punctuation is None:
+        return None
+    added = spec.get("added_tokens") or []
+    if any(not t.get("special") and any(c.isspace() for c in t["content"]) for t in added):
+        return None
+    if not punctuation:
+        return WHITESPACE_CUTS
+    inside = {c for t in added for c in t["content"][1:]}  # a cut never parts a special token's text
+    return WHITESPACE_CUTS + "".join(c for c in string.punctuation if c not in inside)
+
+
 def special_token_texts(enc: Any) -> list[str]:
     """The text of every special token of the Rust tokenizer ``enc``, in id order."""
     return [t.content for _, t in sorted(enc.get_added_tokens_decoder().items()) if t.special]

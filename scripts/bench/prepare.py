@@ -23,6 +23,10 @@ both sides of a pair, not one side of the whole comparison. Prints a table and w
 (``--out``, with every trial).
 
     python scripts/bench/prepare.py --size 50MB --num-proc 1 2
+
+Memory with one long document: ``--shapes builtin one-line --prepare-only`` prepares the corpus as
+many documents and as one document without a line break, and prints (and writes) the ratio of the
+two peaks of anonymous memory of the process tree.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ SHAPES = {
         ("data.documents=line",),
     ),
     "books": ("~140 KB book files of verse and prose: many short paragraphs", ()),
+    "one-line": ("one document of the whole size in one file, without a line break", ()),
     "books-file": ("the books corpus read with one file = one document", ("data.documents=file",)),
 }
 """Corpus shapes, all generated locally from the built-in corpus (offline, the same text on every run)."""
@@ -134,6 +139,9 @@ def _shape_units(shape: str, docs: list[list[str]]):
         # sentences run on, a line break every few of them, never a blank line
         for i, s in enumerate(itertools.cycle(itertools.chain.from_iterable(docs))):
             yield s.encode("utf-8") + (b"\n" if i % 4 == 3 else b" ")
+    elif shape == "one-line":  # sentences run on, never a line break
+        for s in itertools.cycle(itertools.chain.from_iterable(docs)):
+            yield s.encode("utf-8") + b" "
     elif shape == "books":
         # stanzas of four short lines (verse) alternating with prose paragraphs of 1-3 sentences
         sents = itertools.cycle(itertools.chain.from_iterable(docs))
@@ -159,7 +167,7 @@ def write_corpus(folder: Path, size: int, shape: str = "builtin") -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     for old in [*folder.glob("part-*.txt"), *folder.glob("COMPLETE-*")]:
         old.unlink()
-    per_file = {"books": BOOK_BYTES, "long": LONG_BYTES}.get(shape, FILE_BYTES)
+    per_file = {"books": BOOK_BYTES, "long": LONG_BYTES, "one-line": size}.get(shape, FILE_BYTES)
     docs = _builtin_sentences() if shape != "builtin" else []
     written, part, buf, buf_bytes = 0, 0, [], 0
     for unit in _shape_units(shape, docs):
@@ -543,6 +551,11 @@ def main() -> None:
             f"{r['mean_example_length']:.1f}",
         )
         print("  ".join(f"{c:>14}" for c in cells))
+    anon = {r["shape"]: r["prepare"]["memory_peaks_bytes"]["anon_total"] for r in rows}
+    if "one-line" in anon and len(anon) > 1:  # the long-document check: its peak against the others'
+        for shape, peak in anon.items():
+            if shape != "one-line":
+                print(f"peak anonymous memory, one-line / {shape}: {anon['one-line'] / peak:.2f}")
     import datasets
     import tokenizers
     import transformers
@@ -563,6 +576,7 @@ def main() -> None:
         },
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": rows,
+        "anon_peak_ratio_one_line_to": {k: anon["one-line"] / v for k, v in anon.items() if "one-line" in anon},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

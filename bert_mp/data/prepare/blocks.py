@@ -24,9 +24,11 @@ from bert_mp.data.prepare.stats import sum_block_stats
 from bert_mp.data.segment import (
     build_marker,
     count_markers,
+    cut_into_pieces,
     flatten_ids,
     mark_documents,
     mark_lines,
+    mark_rule_in_pieces,
     marked_pieces,
     split_marked_tokens,
 )
@@ -34,6 +36,7 @@ from bert_mp.data.tokenizer import (
     count_special_token_texts,
     encoder,
     inline_markers,
+    piece_cuts,
     plain_ascii_encoder,
     special_token_texts,
 )
@@ -165,6 +168,41 @@ class Tokens:
 _ENCODE_BATCH = 256
 """Documents per ``encode_batch_fast`` call: a whole block in one call is 10-20% slower (every
 Encoding of the block alive at once) than a few hundred at a time."""
+PIECE_CHARS = 1 << 17
+"""A text longer than this is encoded in pieces of at most this many characters (where the tokenizer
+allows a cut: :func:`~bert_mp.data.tokenizer.piece_cuts`), and a call takes texts of at most
+:data:`_BATCH_CHARS` characters in all: an ``Encoding`` holds ~90 bytes a character (its tokens,
+offsets and masks), so a 16 MB document encoded whole held 1.4 GB (2 GB at its peak)."""
+_BATCH_CHARS = 1 << 20
+
+
+def encode_texts(enc: Any, texts: list[str], cuts: str | None = None) -> list[Any]:
+    """Each text's ids from the Rust tokenizer ``enc``, in calls of at most :data:`_ENCODE_BATCH` texts
+    and :data:`_BATCH_CHARS` characters; a text over :data:`PIECE_CHARS` in pieces cut before one of
+    ``cuts`` (:func:`~bert_mp.data.segment.cut_into_pieces`; None: whole), their ids joined into one
+    int32 array (a list of ids for every other text)."""
+    if cuts is not None and any(len(t) > PIECE_CHARS for t in texts):
+        pieces = [cut_into_pieces(t, PIECE_CHARS, cuts) for t in texts]
+        ids = encode_texts(enc, [p for ps in pieces for p in ps])
+        ends = np.cumsum([len(ps) for ps in pieces]).tolist()
+        # a long text's ids as an int32 array (a Python list holds ~36 bytes a token)
+        return [
+            ids[e - 1]
+            if len(ps) == 1
+            else np.concatenate([np.asarray(x, np.int32) for x in ids[e - len(ps) : e]])
+            for ps, e in zip(pieces, ends, strict=True)
+        ]
+    batch = enc.encode_batch_fast
+    out: list[list[int]] = []
+    lo = 0
+    while lo < len(texts):
+        hi, chars = lo + 1, len(texts[lo])
+        while hi < len(texts) and hi - lo < _ENCODE_BATCH and chars + len(texts[hi]) <= _BATCH_CHARS:
+            chars += len(texts[hi])
+            hi += 1
+        out.extend([e.ids for e in batch(texts[lo:hi], add_special_tokens=False)])
+        lo = hi
+    return out
 
 
 class BlockPairer:
@@ -174,6 +212,7 @@ class BlockPairer:
         self.docs = docs
         self.encoder = encoder(tokenizer)
         self.ascii_encoder = plain_ascii_encoder(self.encoder)  # None where not proven equal
+        self.cuts = piece_cuts(self.encoder)  # where a long text may be cut (None: encoded whole)
         self.cls_id, self.sep_id = int(tokenizer.cls_token_id), int(tokenizer.sep_token_id)
         self.splitter = data.sentence_splitter
         self.lines = data.documents == "line"
@@ -203,25 +242,30 @@ class BlockPairer:
         """Each text's ids; ``plain``: the texts that are plain ASCII (:func:`plain_ascii`), which the
         faster :func:`plain_ascii_encoder` encodes to the same ids, where there is one."""
         if plain is None or self.ascii_encoder is None or not plain.any():
-            return self._encode_with(self.encoder, texts)
+            return self._encode_with(self.encoder, texts, self.cuts)
         if plain.all():
-            return self._encode_with(self.ascii_encoder, texts)
+            return self._encode_with(self.ascii_encoder, texts, self.cuts)
         out: list[list[int]] = [[]] * len(texts)
         for enc, idx in ((self.ascii_encoder, np.flatnonzero(plain)), (self.encoder, np.flatnonzero(~plain))):
             idx = idx.tolist()
-            for i, ids in zip(idx, self._encode_with(enc, [texts[i] for i in idx]), strict=True):
+            for i, ids in zip(idx, self._encode_with(enc, [texts[i] for i in idx], self.cuts), strict=True):
                 out[i] = ids
         return out
 
     @staticmethod
-    def _encode_with(enc: Any, texts: list[str]) -> list[list[int]]:
-        batch = enc.encode_batch_fast
-        out: list[list[int]] = []
-        for lo in range(0, len(texts), _ENCODE_BATCH):
-            out.extend([e.ids for e in batch(texts[lo : lo + _ENCODE_BATCH], add_special_tokens=False)])
-        return out
+    def _encode_with(enc: Any, texts: list[str], cuts: str | None = None) -> list[list[int]]:
+        """Each text's ids (:func:`encode_texts`)."""
+        return encode_texts(enc, texts, cuts)
 
     def _mark(self, texts: list[str], marker: str) -> tuple[list[str], list[int]]:
+        if not self.lines and self.splitter == "rule" and any(len(t) > PIECE_CHARS for t in texts):
+            marked, counts = [""] * len(texts), [0] * len(texts)
+            short = [i for i, t in enumerate(texts) if len(t) <= PIECE_CHARS]
+            for i, m, n in zip(short, *mark_documents([texts[i] for i in short], marker), strict=True):
+                marked[i], counts[i] = m, n
+            for i in set(range(len(texts))) - set(short):  # a long document: marked in pieces
+                marked[i], counts[i] = mark_rule_in_pieces(texts[i], marker, PIECE_CHARS)
+            return marked, counts
         if self.lines or self.splitter == "rule":  # one pass over the whole block
             return mark_documents(texts, marker, lines=self.lines)
         if not texts:
