@@ -188,7 +188,7 @@ class Trainer(TrainingLoop):
         (one line each, with the time it took): on each machine's first process, the others waiting."""
         from bert_mp.data.prepare.cache import verify_prepared
 
-        if self.data.path is None:  # data handed in by a caller (tests, benchmarks): nothing on disk
+        if not self.data.path:  # data handed in by a caller (tests, benchmarks): nothing on disk
             return
         with self.accelerator.local_main_process_first():
             if self.accelerator.is_local_main_process:

@@ -177,10 +177,15 @@ def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
             f"{final} is still being built by {who} after data.build_wait_s={wait_s:g} s; wait for it "
             f"(a larger data.build_wait_s, or none) or stop it (kill -TERM {e.holder.pid if e.holder else 'PID'})"
         ) from None
+    if lock.problem:
+        console.say(
+            f"warning: {final.parent}: this file system cannot lock files ({lock.problem}); a second "
+            "prepare of the same data at the same time would build it again beside this one"
+        )
     try:
         with lock:
-            for stale in final.parent.glob(f".tmp-{final.name}-*"):  # a builder's that died (SIGKILL)
-                shutil.rmtree(stale, ignore_errors=True)
+            for stale in final.parent.glob(f".tmp-{final.name}-*") if lock.fd is not None else ():
+                shutil.rmtree(stale, ignore_errors=True)  # a builder's that died (SIGKILL)
             yield _who(waited[0]) if waited else None
     finally:
         with contextlib.suppress(OSError):  # left by a builder that died (a waiter's take makes it again)

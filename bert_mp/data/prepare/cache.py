@@ -15,10 +15,10 @@ from bert_mp.errors import DataError
 
 SPLITS = ("train", "validation")
 MARKER = "PREPARED"
-"""Written last into a prepared folder, holding the time of the build: the build finished. Not a
-manifest like a checkpoint's ``COMPLETE`` (which lists sizes and digests and is verified before a
-load): a prepared folder is built under a temporary name and renamed into place whole, and its bytes
-are vouched for by ``stats.json``'s ``fingerprint``, which a resume compares."""
+"""Written last into a prepared folder, holding the time of the build: the build finished. The files
+are listed with their sizes and digests in ``checksums.json`` (:data:`bert_mp.data.fingerprint.MANIFEST`),
+which training verifies (:func:`verify_prepared`); the folder is built under a temporary name and
+renamed into place whole."""
 LEGACY_MARKERS = ("COMPLETE",)
 """The marker's earlier name, still read, so that a cache built before the rename is found."""
 
