@@ -263,14 +263,19 @@ def build_marker(name: str) -> Marker:
 
 
 def cut_into_pieces(text: str, size: int, cuts: str) -> list[str]:
-    """``text`` in consecutive pieces of at most ``size`` characters, joined back it is ``text``; each
-    cut just before one of the characters ``cuts`` (``bert_mp.data.tokenizer.piece_cuts``: where the
-    tokenizer starts a new word whatever came before), the last such character of the piece's
-    second half - or of the whole piece, or, with none of them in ``size`` characters, at ``size``
-    (a "word" that long is one ``[UNK]`` to WordPiece, and a few ``[UNK]`` cut apart)."""
-    if len(text) <= size:
-        return [text]
-    out, start = [], 0
+    """``text`` in consecutive pieces of at most ``size`` characters (:func:`piece_bounds`); joined
+    back they are ``text``."""
+    bounds = piece_bounds(text, size, cuts)
+    return [text[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+
+def piece_bounds(text: str, size: int, cuts: str) -> list[int]:
+    """Where :func:`cut_into_pieces` cuts ``text`` (0 first, ``len(text)`` last): each cut just before
+    one of the characters ``cuts`` (``bert_mp.data.tokenizer.piece_cuts``: where the tokenizer
+    starts a new word whatever came before), the last such character of the piece's second half -
+    or of the whole piece, or, with none of them in ``size`` characters, at ``size`` (a "word" that
+    long is one ``[UNK]`` to WordPiece, and a few ``[UNK]`` cut apart)."""
+    bounds, start = [0], 0
     while len(text) - start > size:
         end = start + size
         cut = max(text.rfind(c, start + size // 2, end) for c in cuts)
@@ -278,10 +283,9 @@ def cut_into_pieces(text: str, size: int, cuts: str) -> list[str]:
             cut = max(text.rfind(c, start + 1, end) for c in cuts)
         if cut <= start:
             cut = end
-        out.append(text[start:cut])
+        bounds.append(cut)
         start = cut
-    out.append(text[start:])
-    return out
+    return [*bounds, len(text)]
 
 
 def flatten_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

@@ -7,6 +7,7 @@ which process built it.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -24,12 +25,12 @@ from bert_mp.data.prepare.stats import sum_block_stats
 from bert_mp.data.segment import (
     build_marker,
     count_markers,
-    cut_into_pieces,
     flatten_ids,
     mark_documents,
     mark_lines,
     mark_rule_in_pieces,
     marked_pieces,
+    piece_bounds,
     split_marked_tokens,
 )
 from bert_mp.data.tokenizer import (
@@ -179,19 +180,20 @@ _BATCH_CHARS = 1 << 20
 def encode_texts(enc: Any, texts: list[str], cuts: str | None = None) -> list[Any]:
     """Each text's ids from the Rust tokenizer ``enc``, in calls of at most :data:`_ENCODE_BATCH` texts
     and :data:`_BATCH_CHARS` characters; a text over :data:`PIECE_CHARS` in pieces cut before one of
-    ``cuts`` (:func:`~bert_mp.data.segment.cut_into_pieces`; None: whole), their ids joined into one
-    int32 array (a list of ids for every other text)."""
-    if cuts is not None and any(len(t) > PIECE_CHARS for t in texts):
-        pieces = [cut_into_pieces(t, PIECE_CHARS, cuts) for t in texts]
-        ids = encode_texts(enc, [p for ps in pieces for p in ps])
-        ends = np.cumsum([len(ps) for ps in pieces]).tolist()
-        # a long text's ids as an int32 array (a Python list holds ~36 bytes a token)
-        return [
-            ids[e - 1]
-            if len(ps) == 1
-            else np.concatenate([np.asarray(x, np.int32) for x in ids[e - len(ps) : e]])
-            for ps, e in zip(pieces, ends, strict=True)
-        ]
+    ``cuts`` (:func:`_encode_long`; None: whole), its ids one int32 array (a list of ids for every
+    other text)."""
+    if cuts is None or all(len(t) <= PIECE_CHARS for t in texts):
+        return _encode_batches(enc, texts)
+    out: list[Any] = [None] * len(texts)
+    short = [i for i, t in enumerate(texts) if len(t) <= PIECE_CHARS]
+    for i, ids in zip(short, _encode_batches(enc, [texts[i] for i in short]), strict=True):
+        out[i] = ids
+    for i in sorted(set(range(len(texts))) - set(short)):
+        out[i] = _encode_long(enc, texts[i], cuts)
+    return out
+
+
+def _encode_batches(enc: Any, texts: list[str]) -> list[list[int]]:
     batch = enc.encode_batch_fast
     out: list[list[int]] = []
     lo = 0
@@ -203,6 +205,22 @@ def encode_texts(enc: Any, texts: list[str], cuts: str | None = None) -> list[An
         out.extend([e.ids for e in batch(texts[lo:hi], add_special_tokens=False)])
         lo = hi
     return out
+
+
+def _encode_long(enc: Any, text: str, cuts: str) -> np.ndarray:
+    """A long text's ids as one int32 array: its pieces (:func:`~bert_mp.data.segment.piece_bounds`)
+    sliced and encoded a call's worth at a time, each piece's ids an array at once (a Python list
+    holds ~36 bytes a token), so neither a copy of the text nor its ids as Python objects are alive
+    whole."""
+    bounds = piece_bounds(text, PIECE_CHARS, cuts)
+    per_call = max(1, _BATCH_CHARS // PIECE_CHARS)
+    arrays = []
+    for k in range(0, len(bounds) - 1, per_call):
+        pieces = [text[lo:hi] for lo, hi in itertools.pairwise(bounds[k : k + per_call + 1])]
+        arrays += [
+            np.asarray(e.ids, np.int32) for e in enc.encode_batch_fast(pieces, add_special_tokens=False)
+        ]
+    return np.concatenate(arrays)
 
 
 class BlockPairer:
