@@ -5,7 +5,9 @@ ends (SIGKILL, a crash, the OOM killer), so a folder is never left locked by a p
 and the next writer takes it over without a question. The lock file also says who holds it (host,
 pid, command, since when), for the line that refuses a second writer; it is removed when the holder
 lets go, and a taker checks that the file it locked is still the one at that path (a file unlinked
-under it is locked again), so removing it is safe.
+under it is locked again), so removing it is safe. A second writer is refused (:func:`take`: a run
+folder), or waits until the holder lets go or dies (:func:`take_waiting`: the build of a prepared
+data folder, whose result the waiter then reuses).
 
 Some file systems cannot lock (certain network file systems answer ``ENOLCK`` or ``EOPNOTSUPP``):
 :func:`take` then returns an unlocked :class:`FolderLock` whose ``problem`` says why, and the caller

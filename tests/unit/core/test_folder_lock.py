@@ -152,3 +152,27 @@ def test_a_refused_or_failed_command_leaves_the_folders_as_it_found_them(tmp_pat
     held = folder_lock.take(tmp_path / "c", folder_lock.me())
     folder_lock.release_all()
     assert held.fd is None and not (tmp_path / "c").exists()
+
+
+def test_a_waiter_says_whom_it_waits_for_once_and_takes_the_lock_when_it_is_free(tmp_path, monkeypatch):
+    held = folder_lock.take(tmp_path / "f", folder_lock.me())
+    told = []
+    with pytest.raises(folder_lock.FolderInUse) as e:  # a time limit: the holder is still there
+        folder_lock.take_waiting(tmp_path / "f", folder_lock.me(), 0.3, told.append)
+    assert e.value.holder == told[0] == folder_lock.read_holder(tmp_path / "f" / folder_lock.LOCK_FILE)
+    assert len(told) == 1 and told[0].pid == os.getpid()
+    tries = []
+
+    def take_then_let_go(folder, holder):  # the holder lets go while the waiter waits
+        tries.append(folder)
+        if len(tries) == 2:
+            held.release()  # removes the lock file and the folder it made, under the waiter
+        return take(folder, holder)
+
+    take = folder_lock.take
+    monkeypatch.setattr(folder_lock, "take", take_then_let_go)
+    told.clear()
+    lock = folder_lock.take_waiting(tmp_path / "f", folder_lock.me(), None, told.append)
+    assert lock.fd is not None and len(told) == 1 and len(tries) >= 2
+    lock.release()
+    assert not (tmp_path / "f").exists()
