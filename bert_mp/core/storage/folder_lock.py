@@ -169,9 +169,14 @@ def take(folder: str | Path, holder: Holder) -> FolderLock:
             break
         os.close(fd)
     record = (json.dumps(asdict(holder)) + "\n").encode("utf-8")
-    os.pwrite(fd, record, 0)
-    os.ftruncate(fd, len(record))  # written over, then cut: a reader never sees an empty file
     lock = FolderLock(path, fd, created=created)
+    try:
+        os.pwrite(fd, record, 0)
+        os.ftruncate(fd, len(record))  # written over, then cut: a reader never sees an empty file
+    except OSError:  # a full disk: let go, leaving the folder as it was found
+        _HELD.append(lock)
+        lock.release()
+        raise
     _HELD.append(lock)
     return lock
 

@@ -161,7 +161,6 @@ def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
     (at most ``wait_s`` seconds: then one line, exit 2). Yields the holder waited for (None where
     none), and, holding the lock, removes the temporary folders of builders that died."""
     lock_dir = final.parent / f".building-{final.name}"
-    final.parent.mkdir(parents=True, exist_ok=True)  # the cache folder stays when the lock goes
     waited: list[folder_lock.Holder | None] = []
 
     def on_wait(holder: folder_lock.Holder | None) -> None:
@@ -170,7 +169,21 @@ def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
         console.say(f"waiting for {who} to finish building {final}")
 
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)  # the cache folder stays when the lock goes
         lock = folder_lock.take_waiting(lock_dir, folder_lock.me(), wait_s, on_wait)
+    except OSError as e:  # a full or read-only disk: nothing built, nothing left
+        if storage.write_failure(e) is None:
+            raise DataError(
+                f"data.cache_dir={final.parent}: cannot hold {lock_dir} ({storage.reason(e)})"
+            ) from None
+        raise storage.storage_error(
+            "the prepared data",
+            final.parent,
+            e,
+            None,
+            f"nothing written to {final}. Free disk space (or set data.cache_dir to a larger disk) and run "
+            "bert-mp prepare again",
+        ) from None
     except folder_lock.FolderInUse as e:
         who = e.holder.describe() if e.holder else "another process"
         raise DataError(
@@ -184,8 +197,9 @@ def builder(final: Path, wait_s: float | None) -> Iterator[str | None]:
         )
     try:
         with lock:
-            for stale in final.parent.glob(f".tmp-{final.name}-*") if lock.fd is not None else ():
-                shutil.rmtree(stale, ignore_errors=True)  # a builder's that died (SIGKILL)
+            for pattern in (f".tmp-{final.name}-*", f".old-{final.name}-*") if lock.fd is not None else ():
+                for stale in final.parent.glob(pattern):  # a builder's that died (SIGKILL)
+                    shutil.rmtree(stale, ignore_errors=True)
             yield _who(waited[0]) if waited else None
     finally:
         with contextlib.suppress(OSError):  # left by a builder that died (a waiter's take makes it again)
