@@ -97,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
             )
             sp.add_argument("--out", help="destination folder (default: <run>/export-step_N)")
+            sp.add_argument(
+                "--push_to_hub",
+                metavar="REPO",
+                help="then upload the folder to this Hub model repository (user/name) with huggingface_hub",
+            )
+            sp.add_argument("--revision", help="with --push_to_hub: the branch to push to (e.g. step-1000)")
+            sp.add_argument(
+                "--private", action="store_true", help="with --push_to_hub: create the repository private"
+            )
         elif name == "launch":  # parsed by bert_mp.core.run.launch (accelerate's options come first)
             sp.add_argument(
                 "args", nargs=argparse.REMAINDER, help="[accelerate launch options] train|finetune ..."
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "glue":
             return int(func(request) or 0)
         if ns.command == "export":
-            return int(func(ns.path, ns.out) or 0)
+            return int(func(ns.path, ns.out, ns.push_to_hub, ns.revision, ns.private) or 0)
         if ns.command == "config":
             return int(func(ns.selector) or 0)
         config, overrides = split_config_args(ns.args)
