@@ -265,53 +265,37 @@ def judge(
     with the reason) / pass / warn / fail, by the loss verdict's rule."""
     if cell.role == "reference":
         if cell.complete:
-            return {"status": "reference", "reasons": ["the fp32 reference"], "check": None}
-        return {
-            "status": "n/a",
-            "reasons": [withheld or f"fine-tunes unfinished ({_count(cell)})"],
-            "check": None,
-        }
+            return _verdict("reference", "the fp32 reference")
+        return _verdict("n/a", withheld or f"fine-tunes unfinished ({_count(cell)})")
     if cell.run_status == "skipped":
-        return {"status": "skipped", "reasons": [cell.run_reason or "skipped"], "check": None}
+        return _verdict("skipped", cell.run_reason or "skipped")
     if cell.run_status in ("stopped", "pending", "running"):
-        return {
-            "status": "incomplete",
-            "reasons": [f"pretraining run is {cell.run_status}: run `bert-mp sweep` again"],
-            "check": None,
-        }
+        return _verdict("incomplete", f"pretraining run is {cell.run_status}: run `bert-mp sweep` again")
     if cell.run_status != "completed":
-        return {
-            "status": "fail",
-            "reasons": [f"pretraining run is {cell.run_status}: no checkpoint to fine-tune"],
-            "check": None,
-        }
+        return _verdict("fail", f"pretraining run is {cell.run_status}: no checkpoint to fine-tune")
+    ref = fp32["reference_mean"]
+    deviation = abs(cell.mean - ref) / abs(ref) if ref and cell.mean is not None else None
+    if cell.role == "seed_spread":
+        why = withheld or "fp32 with another seed: spans the band with the reference"
+        return _verdict("seed spread", why, {"value": deviation} if deviation is not None else None)
     failed = [
         f"seed {s}: {r or st}"
         for s, st, r in zip(cell.seeds, cell.statuses, cell.reasons)
         if st not in ("completed", "pending", "stopped")
     ]
     if failed:
-        return {"status": "fail", "reasons": [f"fine-tune failed ({'; '.join(failed)})"], "check": None}
+        return _verdict("fail", f"fine-tune failed ({'; '.join(failed)})")
     if not cell.complete:
-        return {
-            "status": "incomplete",
-            "reasons": [f"fine-tunes unfinished ({_count(cell)}): run `bert-mp sweep` again"],
-            "check": None,
-        }
-    ref = fp32["reference_mean"]
-    deviation = abs(cell.mean - ref) / abs(ref) if ref else None
+        return _verdict("incomplete", f"fine-tunes unfinished ({_count(cell)}): run `bert-mp sweep` again")
     if withheld:
-        status = "seed spread" if cell.role == "seed_spread" else "n/a"
-        return {"status": status, "reasons": [withheld], "check": {"value": deviation}}
+        return _verdict("n/a", withheld, {"value": deviation})
     reasons: list[str] = []
     check = parity.check_deviation(name, deviation, fp32["rel_width"], rules, reasons)
-    if cell.role == "seed_spread":
-        return {
-            "status": "seed spread",
-            "reasons": ["fp32 with another seed: spans the band with the reference"],
-            "check": check,
-        }
     return {"status": check["status"], "reasons": reasons, "check": check}
+
+
+def _verdict(status: str, reason: str, check: dict | None = None) -> dict[str, Any]:
+    return {"status": status, "reasons": [reason], "check": check}
 
 
 def task_verdicts(cells: list[Cell], rules: parity.VerdictRules, name: str) -> dict[str, Any]:

@@ -65,8 +65,10 @@ def _cells(
             if m.value is not None:
                 metric = (m.name, m.split)
             status = summary.status if summary else e.status
-            if status == "completed" and e.status == "failed":
+            if status == "completed" and e.status == "failed":  # exited non-zero after its summary
                 status = "failed"
+            if summary is None and e.status == "completed":
+                status, e.reason = "missing", "its summary.json is gone"
             cell.seeds.append(e.seed)
             cell.statuses.append(status)
             cell.values.append(m.value)
