@@ -25,13 +25,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bert_mp.core.config import GLUE_SUITE, Config, config_from_layers, config_to_dict, load_yaml
+from bert_mp.core.config import GLUE_SUITE, Config, config_from_layers, load_yaml
 from bert_mp.core.run import console
 from bert_mp.core.run.hold import hold
-from bert_mp.core.run.run_dir import config_changes, describe_changes, hold_folder
+from bert_mp.core.run.run_dir import hold_folder
 from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
 from bert_mp.finetune.glue_args import GlueRequest
 from bert_mp.finetune.glue_data import AVERAGE_EXCLUDES, GlueTask, check_local_copy, glue_task
+from bert_mp.finetune.rerun import RESUME, folder_action
 
 RESULTS = "glue.json"
 TABLE = "glue.md"
@@ -76,30 +77,6 @@ def task_config(req: GlueRequest, task: str, extra: list[str] = ()) -> Config:
     )
 
 
-def task_action(cfg: Config) -> tuple[str, str]:
-    """``(keep | resume | again | fresh, why)`` for a task's folder: a completed run with this config
-    is kept, one with a checkpoint resumed, any other run in the folder trained again."""
-    from bert_mp.core.checkpoint.store import find_latest
-
-    out = Path(cfg.finetune.output_dir)
-    summary = _read_json(out / "summary.json")
-    saved = out / "config.yaml"
-    changed = (
-        config_changes(OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), "finetune")
-        if saved.is_file()
-        else {}
-    )
-    if changed:
-        return "again", f"config changed since its run ({describe_changes(changed)})"
-    if summary and summary.get("status") == "completed":
-        return "keep", "completed earlier"
-    if (out / "checkpoints").is_dir() and find_latest(out / "checkpoints") is not None:
-        return "resume", "interrupted earlier"
-    if out.is_dir() and any(out.iterdir()):
-        return "again", "interrupted earlier, before any checkpoint"
-    return "fresh", ""
-
-
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -112,16 +89,15 @@ def run_task(req: GlueRequest, task: str, label: str) -> tuple[dict[str, Any], b
     from bert_mp.finetune.trainer import run_finetune
 
     cfg = task_config(req, task)
-    action, why = task_action(cfg)
+    action, why = folder_action(cfg)
     if action == "keep":
         console.show(f"bert-mp glue: {label}: {why}, kept")
         return _read_json(Path(cfg.finetune.output_dir) / "summary.json") or {}, False
-    extra = {"resume": ["finetune.resume=latest"], "again": ["finetune.overwrite_output_dir=true"]}
     if action != "fresh":
         console.show(
             f"bert-mp glue: {label}: {why}; {'resuming' if action == 'resume' else 'training it again'}"
         )
-    cfg = task_config(req, task, extra.get(action, []))
+    cfg = task_config(req, task, RESUME.get(action, []))
     ft = cfg.finetune
     console.show(
         f"bert-mp glue: {label}: fine-tuning (lr {ft.learning_rate:g}, batch {ft.batch_size}, "

@@ -26,12 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from bert_mp.core.config import Config, config_to_dict, load_config
+from bert_mp.core.config import Config, load_config
 from bert_mp.core.loop import parity
-from bert_mp.core.run.run_dir import config_changes, describe_changes
-from bert_mp.sweep.record import DownstreamEntry, FinetuneSummary, RunEntry, read_status
+from bert_mp.finetune.rerun import RESUME, folder_action
+from bert_mp.sweep.record import FINAL_STATUSES, DownstreamEntry, FinetuneSummary, RunEntry
 
 DOWNSTREAM_DIR = "downstream"
 
@@ -69,30 +67,6 @@ def finetune_overrides(root: Path, run: RunEntry, e: DownstreamEntry) -> list[st
     ]
 
 
-def finetune_action(folder: Path, checkpoint: Path, cfg: Config) -> tuple[str, str]:
-    """``(keep | resume | again | fresh, why)``: a completed fine-tune of this config from this very
-    checkpoint is kept; a stopped one with a checkpoint resumes; any other is trained (again)."""
-    from bert_mp.core.checkpoint.store import find_latest
-
-    summary = folder / "summary.json"
-    status = read_status(folder)
-    saved = folder / "config.yaml"
-    changed = (
-        config_changes(OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), "finetune")
-        if saved.is_file()
-        else {}
-    )
-    if changed:
-        return "again", f"config changed since ({describe_changes(changed)})"
-    if status in ("completed", "failed"):
-        if (checkpoint / "config.json").stat().st_mtime > summary.stat().st_mtime:
-            return "again", "its checkpoint was trained again since"
-        return "keep", f"{status} earlier"
-    if (folder / "checkpoints").is_dir() and find_latest(folder / "checkpoints") is not None:
-        return "resume", "stopped earlier"
-    return ("again", "interrupted earlier") if (folder / "config.yaml").exists() else ("fresh", "")
-
-
 # --------------------------------------------------------------------------------------------------
 # running them (a step of bert-mp sweep, after the pretraining runs)
 # --------------------------------------------------------------------------------------------------
@@ -119,15 +93,14 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
             print(f"bert-mp sweep: {label}: skipped ({e.reason})", flush=True)
             continue
         folder = root / e.dir
-        action, why = finetune_action(folder, checkpoint, ft_cfg)
+        action, why = folder_action(ft_cfg, keep=FINAL_STATUSES, source=checkpoint)
         if action == "keep":
             _record(e, FinetuneSummary.load(folder), None)
             print(f"bert-mp sweep: {label}: {why}, kept", flush=True)
             continue
         if why:
             print(f"bert-mp sweep: {label}: {why}", flush=True)
-        extra = {"resume": ["finetune.resume=latest"], "again": ["finetune.overwrite_output_dir=true"]}
-        ovs = [*finetune_overrides(root, run, e), *extra.get(action, [])]
+        ovs = [*finetune_overrides(root, run, e), *RESUME.get(action, [])]
         e.resumed = action == "resume"
         print(f"bert-mp sweep: {label}: {'resuming' if e.resumed else 'fine-tuning'} ...", flush=True)
         e.returncode, e.wall_s, e.cpu_s = run_process(

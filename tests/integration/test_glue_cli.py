@@ -63,7 +63,7 @@ def test_an_interrupted_suite_resumes_without_rerunning_finished_tasks(tmp_path)
     done = run_cli(*args, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[1/3] cola: completed earlier, kept" in done.stdout
-    assert "[2/3] rte: interrupted earlier; resuming" in done.stdout
+    assert "[2/3] rte: stopped earlier; resuming" in done.stdout
     assert f"bert-mp finetune: resuming from step {steps}" in done.stdout
     assert (cola.stat().st_mtime_ns, cola.read_text()) == cola_written  # never trained again
     final = json.loads((out / "glue.json").read_text())
