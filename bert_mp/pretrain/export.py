@@ -227,8 +227,11 @@ def command(
         dest = export_checkpoint(ref, out)
         print(f"bert-mp export: {dest} (loads with BertForPreTraining.from_pretrained)")
         return 0
-    from bert_mp.pretrain.hub_push import export_and_push
+    from bert_mp.pretrain.hub_push import check_repo_id, push_folder
 
-    dest, url = export_and_push(ref, out, push_to_hub, revision, private)
+    check_repo_id(push_to_hub)  # before any export work
+    dest = export_checkpoint(ref, out)
+    message = f"bert-mp export of {Path(ref).name}" + (f" ({revision})" if revision else "")
+    url = push_folder(dest, push_to_hub, revision, private, message)
     print(f"bert-mp export: {dest} -> {push_to_hub}{f'@{revision}' if revision else ''} ({url})")
     return 0

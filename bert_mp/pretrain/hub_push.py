@@ -60,15 +60,3 @@ def push_folder(folder: Path, repo_id: str, revision: str | None, private: bool,
             f"{folder}: log in (`hf auth login` or HF_TOKEN) and push it again"
         ) from None
     return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{repo_id}")
-
-
-def export_and_push(
-    ref: str, out: str | None, repo_id: str, revision: str | None, private: bool
-) -> tuple[Path, str]:
-    """``bert-mp export``, then the push of its folder; returns the folder and the commit's URL."""
-    from bert_mp.pretrain.export import export_checkpoint
-
-    check_repo_id(repo_id)
-    dest = export_checkpoint(ref, out)
-    message = f"bert-mp export of {Path(ref).name}" + (f" ({revision})" if revision else "")
-    return dest, push_folder(dest, repo_id, revision, private, message)

@@ -73,8 +73,6 @@ def finetune_overrides(root: Path, run: RunEntry, e: DownstreamEntry) -> list[st
 def run_downstream(sweep: Any, base_file: Path) -> None:
     """Fine-tune every run's final checkpoint as ``sweep.downstream`` asks, recording each in
     ``sweep.json`` as it goes. Every fine-tune's config is validated before the first one starts."""
-    from bert_mp.sweep.runner import _device, launch_command, run_process
-
     cfg, root = sweep.cfg, sweep.root
     runs = {(g.name, r.name): r for g in sweep.groups for r in g.runs}
     entries = plan_downstream(sweep.groups, cfg)
@@ -82,7 +80,6 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
     _check_glue_copy(cfg)
     sweep.downstream = entries
     sweep.write_manifest()
-    cuda = _device().type == "cuda"
     for i, (e, ft_cfg) in enumerate(zip(entries, configs), 1):
         label = f"downstream [{i}/{len(entries)}] {e.run} {e.task} seed {e.seed}"
         run = runs[(e.group, e.run)]
@@ -103,10 +100,8 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
         ovs = [*finetune_overrides(root, run, e), *RESUME.get(action, [])]
         e.resumed = action == "resume"
         print(f"bert-mp sweep: {label}: {'resuming' if e.resumed else 'fine-tuning'} ...", flush=True)
-        e.returncode, e.wall_s, e.cpu_s = run_process(
-            launch_command(cfg, base_file, ovs, cuda, "finetune"), folder
-        )
-        _record(e, FinetuneSummary.load(folder), folder / "launch.log")
+        e.returncode, e.wall_s, e.cpu_s, last_error = sweep.execute("finetune", ovs, folder)
+        _record(e, FinetuneSummary.load(folder), last_error)
         value = metric_of(e.task, FinetuneSummary.load(folder))
         shown = f": {value.name} {value.value:.4f} ({value.split})" if value.value is not None else ""
         tail = f" ({e.reason})" if e.reason else ""
@@ -117,17 +112,12 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
         sweep.write_manifest()
 
 
-def _record(e: DownstreamEntry, summary: FinetuneSummary | None, log: Path | None) -> None:
-    """The entry's status and reason from the fine-tune's summary (none written: failed)."""
-    from bert_mp.sweep.runner import _last_error
-
+def _record(e: DownstreamEntry, summary: FinetuneSummary | None, last_error: str | None) -> None:
+    """The entry's status and reason from the fine-tune's summary (none written: failed; the reason
+    then the last error line of its launch.log)."""
     e.status = summary.status if summary else "failed"
     failed = e.status != "completed" or (e.returncode not in (None, 0))
-    e.reason = (
-        ((summary and (summary.error or summary.stop_reason)) or (log and _last_error(log)))
-        if failed
-        else None
-    )
+    e.reason = ((summary and (summary.error or summary.stop_reason)) or last_error) if failed else None
     if e.status == "completed" and failed:  # exited non-zero after a completed summary
         e.status = "failed"
 

@@ -306,6 +306,8 @@ class Sweep:
         self.sweep_file = sweep_file
         self.groups = plan_sweep(cfg)
         self.dimension_flags: dict[str, list[str]] = {}
+        self.device: Any = None
+        """The device the runs train on (set when the sweep runs)."""
         self.downstream: list[DownstreamEntry] = []
         """The fine-tunes of ``sweep.downstream`` (:mod:`bert_mp.sweep.downstream`), as they went."""
 
@@ -372,6 +374,7 @@ class Sweep:
         if self.cfg.sweep.downstream.tasks:  # every run's final checkpoint fine-tuned and judged
             from bert_mp.sweep.downstream import run_downstream
 
+            self.device = device
             run_downstream(self, base_file)
         if self.cfg.sweep.profile_steps > 0:
             self._diagnostics(configs, available, device)
@@ -421,6 +424,14 @@ class Sweep:
         loaded = load_line(run_dir)
         if loaded:
             print(f"bert-mp sweep: {label}: {loaded}", flush=True)
+
+    def execute(self, command: str, overrides: list[str], folder: Path) -> tuple[int, float, float, str]:
+        """A ``bert-mp <command>`` process of this sweep (its base config and ``overrides``) writing
+        ``folder``: exit code, wall and CPU seconds, and the last error line of its launch.log."""
+        base_file = self.root / BASE_CONFIG
+        cmd = launch_command(self.cfg, base_file, overrides, self.device.type == "cuda", command)
+        returncode, wall_s, cpu_s = run_process(cmd, folder)
+        return returncode, wall_s, cpu_s, _last_error(folder / "launch.log")
 
     def _carry_earlier_measurements(self) -> None:
         """The measurements ``sweep.rerun`` replaced in earlier invocations, from the sweep.json there is."""
