@@ -184,3 +184,19 @@ def test_mistakes_are_one_line_before_any_training(case, error, glue_dir, tmp_pa
     assert err[0].startswith("bert-mp glue: error: ")
     assert __import__("re").search(error, err[0]), err[0]
     assert not out.exists()  # nothing trained, no folder made
+
+
+def test_each_task_gets_the_config_recipe_under_the_command_lines_overrides():
+    from support import ROOT
+
+    from bert_mp.finetune.glue import task_config
+    from bert_mp.finetune.glue_args import load_request
+
+    recipe = str(ROOT / "configs" / "glue_bert.yaml")
+    req = load_request("ckpt", recipe, ["finetune.learning_rate=3e-5"], "glue/", "mrpc,cola")
+    assert req.cfg.glue.tasks == ["mrpc", "cola"] and req.cfg.finetune.glue_data == "glue/"
+    mrpc = task_config(req, "mrpc").finetune
+    assert (mrpc.task, mrpc.epochs, mrpc.learning_rate) == ("glue/mrpc", 5, 3e-5)  # recipe, then overrides
+    cola = task_config(load_request("ckpt", recipe, [], None, None), "cola").finetune
+    assert (cola.epochs, cola.learning_rate, cola.batch_size, cola.max_seq_length) == (3, 2e-5, 32, 128)
+    assert cola.output_dir == "runs/glue/cola" and cola.checkpoint == "ckpt"
