@@ -81,6 +81,7 @@ def _cells(
 # report.md / report.html
 # --------------------------------------------------------------------------------------------------
 HEADERS = ["run", "precision", "per seed", "mean", "dev from fp32 (x tol)", "verdict", "why"]
+SKIPPED = "its pretraining run was skipped (see Skipped and unfinished runs)"
 
 
 def sections(
@@ -136,6 +137,8 @@ def _row(name: str, v: dict[str, Any]) -> list[str]:
         )
     status = verdict["status"].upper() if verdict["status"] in parity.VERDICTS else verdict["status"]
     why = "; ".join(r for r in verdict["reasons"] if r)
+    if status == "skipped":  # the pretraining run's reason, given once in the report
+        why = SKIPPED
     return [name, v["precision"], per_seed, fmt(v["mean"], ".4f"), dev, status, why]
 
 
@@ -189,6 +192,8 @@ def lines(summary: dict[str, Any]) -> list[str]:
                 status = v["verdict"]["status"]
                 shown = status.upper() if status in parity.VERDICTS else status
                 why = "; ".join(r for r in v["verdict"]["reasons"] if r)
+                if status == "skipped":  # the loss verdict's line above gave the reason
+                    why = "its pretraining run was skipped (the reason is above)"
                 mean = f"{t['metric']} {fmt(v['mean'], '.4f')}"
                 out.append(f"  downstream {task:<16} {prefix + name:<18} {shown:<12} {mean:<18} {why}")
     return out
