@@ -1,4 +1,4 @@
-"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, predict, export, config.
+"""The ``bert-mp`` command line: prepare, train, sweep, report, finetune, glue, predict, export, config.
 
 Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describing output folder,
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
@@ -36,6 +36,11 @@ COMMANDS = {
     "sweep": ("bert_mp.sweep.runner", "command", "run a precision sweep and write the loss-parity report"),
     "report": ("bert_mp.sweep.report", "command", "(re)write the report of a sweep folder"),
     "finetune": ("bert_mp.finetune.trainer", "command", "fine-tune a checkpoint for sequence classification"),
+    "glue": (
+        "bert_mp.finetune.glue",
+        "command",
+        "fine-tune a checkpoint on the GLUE tasks: per-task table, glue.json, the GLUE average",
+    ),
     "predict": (
         "bert_mp.finetune.predict",
         "command",
@@ -60,7 +65,7 @@ COMMANDS = {
 CHECKED_FIRST = ("prepare", "train", "finetune")
 """Commands whose config is loaded (and a mistake in it reported) before their module is imported:
 half the start-up time (transformers and datasets are not needed to say that a key is wrong)."""
-THREADED = ("train", "finetune")
+THREADED = ("train", "finetune", "glue")
 """Commands that take ``cores // local processes`` threads unless OMP_NUM_THREADS / MKL_NUM_THREADS is set."""
 CONFIG_EPILOG = (
     "Every key, its default and what it does: `bert-mp config` (or `bert-mp config train`, "
@@ -83,11 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
             from bert_mp.finetune.predict_args import add_arguments
 
             add_arguments(sp)
+        elif name == "glue":
+            from bert_mp.finetune import glue_args
+
+            glue_args.add_arguments(sp)
         elif name == "export":
             sp.add_argument(
                 "path", help="a train run folder (its newest complete checkpoint) or a checkpoint folder"
             )
             sp.add_argument("--out", help="destination folder (default: <run>/export-step_N)")
+            sp.add_argument(
+                "--push_to_hub",
+                metavar="REPO",
+                help="then upload the folder to this Hub model repository (user/name) with huggingface_hub",
+            )
+            sp.add_argument("--revision", help="with --push_to_hub: the branch to push to (e.g. step-1000)")
+            sp.add_argument(
+                "--private", action="store_true", help="with --push_to_hub: create the repository private"
+            )
         elif name == "launch":  # parsed by bert_mp.core.run.launch (accelerate's options come first)
             sp.add_argument(
                 "args", nargs=argparse.REMAINDER, help="[accelerate launch options] train|finetune ..."
@@ -173,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["launch"]:
         return _launch(argv[1:])
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra:  # glue's overrides may follow its options (argparse ends a positional list at an option)
+        if ns.command != "glue" or any(x.startswith("-") for x in extra):
+            parser.parse_args(argv)  # argparse's own error line, exit 2
+        ns.args = [*ns.args, *extra]
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
     console.set_command(ns.command)
     if ns.command in THREADED:
@@ -191,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 check_corpus(cfg.data)
             _check_model_references(ns.command, cfg)
+        elif ns.command == "glue":
+            from bert_mp.finetune.glue_args import load_request
+
+            request = load_request(ns.checkpoint, *split_config_args(ns.args), ns.data, ns.tasks)
+            cfg = request.cfg
+            _check_model_references("finetune", cfg)
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
             from bert_mp.core.numerics.subnormal import flush_denormal
@@ -203,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             return int(func(ns.path) or 0)
         if ns.command == "predict":
             return int(func(ns) or 0)
+        if ns.command == "glue":
+            return int(func(request) or 0)
         if ns.command == "export":
-            return int(func(ns.path, ns.out) or 0)
+            return int(func(ns.path, ns.out, ns.push_to_hub, ns.revision, ns.private) or 0)
         if ns.command == "config":
             return int(func(ns.selector) or 0)
         config, overrides = split_config_args(ns.args)

@@ -805,3 +805,72 @@ def launch_env(**extra: str) -> dict[str, str]:
         "HF_DATASETS_OFFLINE": "1",
         **extra,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# GLUE: a tiny local copy in the Hub's own layout (nyu-mll/glue's parquet files)
+# --------------------------------------------------------------------------------------------------
+GLUE_CLASSES = {
+    "cola": ("sentence", None, ["unacceptable", "acceptable"]),
+    "sst2": ("sentence", None, ["negative", "positive"]),
+    "mrpc": ("sentence1", "sentence2", ["not_equivalent", "equivalent"]),
+    "qqp": ("question1", "question2", ["not_duplicate", "duplicate"]),
+    "stsb": ("sentence1", "sentence2", None),  # a float score, 0-5
+    "mnli": ("premise", "hypothesis", ["entailment", "neutral", "contradiction"]),
+    "qnli": ("question", "sentence", ["entailment", "not_entailment"]),
+    "rte": ("sentence1", "sentence2", ["entailment", "not_entailment"]),
+    "wnli": ("sentence1", "sentence2", ["not_entailment", "entailment"]),
+}
+GLUE_WORDS = ["apple", "stone", "river"]
+"""The word in each row that decides its label (class i: GLUE_WORDS[i]; STS-B: its score)."""
+
+
+def _glue_split(task: str, n: int, offset: int, hidden: bool) -> Dataset:
+    import datasets
+
+    text, pair, names = GLUE_CLASSES[task]
+    classes = len(names) if names else 2
+    cols: dict[str, list] = {text: [], **({pair: []} if pair else {}), "label": [], "idx": []}
+    for i in range(offset, offset + n):
+        k = i % classes
+        cols[text].append(sentence(i, GLUE_WORDS[k]))
+        if pair:
+            cols[pair].append(sentence(i + 1, GLUE_WORDS[k]))
+        score = 4.5 - 3.5 * k + 0.1 * (i % 5)  # STS-B: the word decides the score, a little noise on top
+        cols["label"].append(-1 if hidden else (float(score) if names is None else k))
+        cols["idx"].append(i)
+    label = datasets.Value("float32") if names is None else datasets.ClassLabel(names=names)
+    features = datasets.Features(
+        {
+            c: datasets.Value("int32")
+            if c == "idx"
+            else (label if c == "label" else datasets.Value("string"))
+            for c in cols
+        }
+    )
+    return Dataset.from_dict(cols, features=features)
+
+
+def write_glue_folder(
+    root: Path, tasks: tuple[str, ...] = tuple(GLUE_CLASSES), n_train: int = 48, n_eval: int = 16
+) -> Path:
+    """``root/<task>/<split>-00000-of-00001.parquet`` for ``tasks``, written as the Hub's files are (the
+    ``datasets`` features in the parquet metadata, -1 for the hidden test labels): train, the labelled
+    evaluation splits (MNLI: matched and mismatched) and the test splits."""
+    for task in tasks:
+        folder = Path(root) / task
+        folder.mkdir(parents=True, exist_ok=True)
+        evals = ["validation_matched", "validation_mismatched"] if task == "mnli" else ["validation"]
+        tests = ["test_matched", "test_mismatched"] if task == "mnli" else ["test"]
+        splits = {"train": (n_train, 0, False)}
+        splits.update({s: (n_eval, 500 + 100 * j, False) for j, s in enumerate(evals)})
+        splits.update({s: (n_eval, 900 + 100 * j, True) for j, s in enumerate(tests)})
+        for split, (n, offset, hidden) in splits.items():
+            _glue_split(task, n, offset, hidden).to_parquet(folder / f"{split}-00000-of-00001.parquet")
+    return Path(root)
+
+
+def glue_checkpoint(folder: Path) -> Path:
+    """A tiny BertForPreTraining export whose tokenizer knows the GLUE folder's words."""
+    texts = [sentence(i, w) for i in range(20) for w in GLUE_WORDS]
+    return make_checkpoint(folder, finetune_tokenizer(texts))

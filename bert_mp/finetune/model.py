@@ -142,13 +142,16 @@ def check_vocab(tokenizer: Any, vocab_size: int, ckpt: str, tok_ref: str) -> Non
 
 
 def build_classifier(ckpt: str, labels: LabelSpace, init: str, seed: int) -> tuple[Any, dict]:
-    """``BertForSequenceClassification`` from the checkpoint (or its architecture, freshly initialised).
+    """``BertForSequenceClassification`` from the checkpoint (or its architecture, freshly initialised);
+    a regression label space (STS-B) gives it one output and ``problem_type="regression"``.
 
     Returns the model and the loading record: weights newly initialised and checkpoint weights unused.
     """
     from transformers import BertConfig, BertForSequenceClassification, set_seed
 
     head = {"num_labels": labels.size, "id2label": labels.id2label(), "label2id": labels.label2id()}
+    if labels.regression:  # one output and a squared-error loss, as transformers reads problem_type
+        head["problem_type"] = "regression"
     set_seed(seed)
     if init == "random":
         model = BertForSequenceClassification(BertConfig.from_pretrained(ckpt, **head))

@@ -68,6 +68,11 @@ def load_classifier(ref: str) -> tuple[Any, Any, TaskRecord | None]:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{ref}: cannot load a sequence classifier ({str(e).splitlines()[0]})") from None
+    if getattr(model.config, "problem_type", None) == "regression":
+        raise ConfigError(
+            f"{ref}: a regression model (one score per input, such as STS-B's); bert-mp predict reads "
+            "classifiers - run the model directly (its logits are the scores)"
+        )
     record = TaskRecord.read(path) if path.is_dir() else None
     return model.eval(), tokenizer, record
 

@@ -27,28 +27,13 @@ import datasets
 from bert_mp.core.config import FinetuneConfig
 from bert_mp.data.builtin_corpus import Docstring, iter_stdlib_docstrings
 from bert_mp.errors import ConfigError, DataError
+from bert_mp.finetune.glue_data import glue_task, load_glue
 
 SPLITS = ("train", "validation", "test")
 BUILTIN_FRACTIONS = {"train": 0.7, "validation": 0.15, "test": 0.15}
 # Seed of the held-out validation split carved from train when none is given: fixed, so runs with
 # different training seeds are evaluated on the same examples.
 HOLDOUT_SEED = 0
-
-# GLUE classification tasks: (text column, text-pair column, validation split). STS-B is regression.
-GLUE_TASKS: dict[str, tuple[str, str | None, str]] = {
-    "cola": ("sentence", None, "validation"),
-    "sst2": ("sentence", None, "validation"),
-    "mrpc": ("sentence1", "sentence2", "validation"),
-    "qqp": ("question1", "question2", "validation"),
-    "mnli": ("premise", "hypothesis", "validation_matched"),
-    "mnli_matched": ("premise", "hypothesis", "validation"),
-    "mnli_mismatched": ("premise", "hypothesis", "validation"),
-    "qnli": ("question", "sentence", "validation"),
-    "rte": ("sentence1", "sentence2", "validation"),
-    "wnli": ("sentence1", "sentence2", "validation"),
-    "ax": ("premise", "hypothesis", "test"),
-}
-GLUE_REPO = "nyu-mll/glue"
 
 _FORMATS = {
     ".csv": "csv",
@@ -72,6 +57,8 @@ class TaskData:
         default_factory=lambda: {"text": "text", "text_pair": None, "label": "label"}
     )
     """The source's column names for text, text_pair and label (what a file for predict would use)."""
+    regression: bool = False
+    """The label is a score (STS-B), not a class: one output, a squared-error loss."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -302,18 +289,24 @@ def _normalize_columns(
     return datasets.DatasetDict(out)
 
 
-def _is_complete(row: dict, has_pair: bool, class_ids: bool) -> bool:
-    return row_problem(row["text"], row.get("text_pair"), row["label"], has_pair, class_ids) is None
+def _is_complete(row: dict, has_pair: bool, class_ids: bool, regression: bool) -> bool:
+    return (
+        row_problem(row["text"], row.get("text_pair"), row["label"], has_pair, class_ids, regression) is None
+    )
 
 
 def _drop_incomplete(
-    splits: datasets.DatasetDict, label_names: Sequence[str] | None
+    splits: datasets.DatasetDict, label_names: Sequence[str] | None, regression: bool = False
 ) -> tuple[datasets.DatasetDict, dict]:
     """Drop the rows :func:`row_problem` refuses (GLUE marks hidden labels with -1); counted per split."""
     dropped = {}
     out = {}
     for split, ds in splits.items():
-        rule = {"has_pair": "text_pair" in ds.column_names, "class_ids": label_names is not None}
+        rule = {
+            "has_pair": "text_pair" in ds.column_names,
+            "class_ids": label_names is not None,
+            "regression": regression,
+        }
         kept = ds.filter(_is_complete, fn_kwargs=rule)
         dropped[split] = len(ds) - len(kept)
         out[split] = kept
@@ -335,6 +328,7 @@ def load_task(cfg: FinetuneConfig, builtin_root: Path | None = None) -> TaskData
     if cfg.task.startswith("builtin-"):
         return load_builtin(cfg, builtin_root)
     text, pair, label = cfg.text_column, cfg.text_pair_column, cfg.label_column
+    regression = False
     if cfg.task == "local":
         raw = load_local(cfg)
     elif cfg.task == "hub":
@@ -343,30 +337,23 @@ def load_task(cfg: FinetuneConfig, builtin_root: Path | None = None) -> TaskData
             cfg.hub_config,
             {"train": cfg.train_split, "validation": cfg.validation_split, "test": cfg.test_split},
         )
-    else:
-        glue = cfg.task.split("/", 1)[1]
-        if glue not in GLUE_TASKS:
-            raise ConfigError(
-                f"finetune.task: unknown GLUE classification task {glue!r}; choose one of {', '.join(GLUE_TASKS)}"
-                " (stsb is regression and not supported)"
-            )
-        text, pair, val_split = GLUE_TASKS[glue]
-        label = "label"
-        # GLUE test labels are hidden (-1), so there are no test metrics for GLUE.
-        raw = load_hub(GLUE_REPO, glue, {"train": "train", "validation": val_split})
+    else:  # GLUE's test labels are hidden (-1): its labelled evaluation splits only
+        glue = glue_task(cfg.task)
+        text, pair, label, regression = glue.text, glue.pair, "label", glue.regression
+        raw = load_glue(glue, cfg.glue_data)
     if "train" not in raw:
         raise DataError(f"task {cfg.task}: no training data")
     label_feature = raw["train"].features.get(label)
     label_names = label_feature.names if isinstance(label_feature, datasets.ClassLabel) else None
     splits = _normalize_columns(raw, text, pair, label)
-    splits, dropped = _drop_incomplete(splits, label_names)
+    splits, dropped = _drop_incomplete(splits, label_names, regression)
     if "validation" not in splits:
         splits = _holdout_validation(splits, cfg.validation_fraction)
     stats: dict[str, Any] = {"rows_without_text_or_label_dropped": dropped}
     if label_names is not None:
         stats["label_names"] = list(label_names)
     columns = {"text": text, "text_pair": pair, "label": label}
-    return TaskData(cfg.task, splits, has_pair=pair is not None, stats=stats, columns=columns)
+    return TaskData(cfg.task, splits, pair is not None, stats, columns, regression)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,17 +392,22 @@ def normalize_label(value: Any) -> Any:
     raise DataError(f"label {value!r} ({type(value).__name__}) is not a class: use strings or integers")
 
 
-def row_problem(text: Any, pair: Any, label: Any, has_pair: bool, class_ids: bool) -> str | None:
+def row_problem(
+    text: Any, pair: Any, label: Any, has_pair: bool, class_ids: bool, regression: bool = False
+) -> str | None:
     """Why a row can be neither trained on nor scored (``text`` / ``text_pair`` / ``label`` missing), or None.
 
     Blank texts and missing labels (with ``class_ids``, a dataset ``ClassLabel``: also -1, hidden)
     make a row incomplete: fine-tuning drops it, predict predicts it but leaves it out of the metrics;
-    both count it.
+    both count it. A ``regression`` label is a finite number; -1 is hidden (STS-B's scores are 0-5).
     """
     if text is None or not str(text).strip():
         return "text"
     if has_pair and (pair is None or not str(pair).strip()):
         return "text_pair"
+    if regression:
+        number = isinstance(label, (int, float)) and not isinstance(label, bool) and math.isfinite(label)
+        return None if number and label != HIDDEN_LABEL else "label"
     value = normalize_label(label)
     if value is None or (class_ids and value == HIDDEN_LABEL):
         return "label"
@@ -428,6 +420,12 @@ class LabelSpace:
 
     values: list[Any]
     names: list[str]
+    regression: bool = False
+    """A score, not a class (STS-B): one output named ``score``, the label ids are the scores."""
+
+    @classmethod
+    def for_regression(cls) -> LabelSpace:
+        return cls(["score"], ["score"], regression=True)
 
     @property
     def size(self) -> int:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.core.checkpoint.hf_folder import finish_hf_folder
@@ -44,7 +43,16 @@ from bert_mp.core.run.conditions import announce_start
 from bert_mp.core.run.strategy import resolve_strategy
 from bert_mp.core.storage.disk import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError
-from bert_mp.finetune.metrics import BestValidation, evaluate, fmt, log_view, named_metrics
+from bert_mp.finetune.metrics import (
+    BestValidation,
+    evaluate,
+    fmt,
+    log_view,
+    metrics_line,
+    named_metrics,
+    selection_key,
+    task_loss,
+)
 from bert_mp.finetune.model import (
     ClassifierBuilder,
     build_classifier,
@@ -173,12 +181,20 @@ class FineTuner(TrainingLoop):
         self.build_parts(model)
 
     def load_task(self) -> None:
-        """The task's splits with label ids; labels unseen in train are counted (or refused)."""
+        """The task's splits with label ids (a regression task's: its scores); labels unseen in train
+        are counted (or refused)."""
         ft = self.ft
         self.task = load_task(ft)
         splits = self.task.splits
-        self.labels = build_label_space(splits["train"]["label"], self.task.stats.get("label_names"))
         self.unseen = {}
+        if self.task.regression:
+            self.labels = LabelSpace.for_regression()
+            for split in list(splits):
+                splits[split] = splits[split].add_column(
+                    "label_id", [float(v) for v in splits[split]["label"]]
+                )
+            return
+        self.labels = build_label_space(splits["train"]["label"], self.task.stats.get("label_names"))
         for split in list(splits):
             ids, unseen_here = encode_labels(splits[split]["label"], self.labels, split, ft.unseen_labels)
             if unseen_here:
@@ -222,8 +238,8 @@ class FineTuner(TrainingLoop):
                 collate_fn=collate,
                 generator=torch.Generator(),
             )
-            for s in ("validation", "test")
-            if s in self.tokenized and len(self.tokenized[s])
+            for s in self.tokenized
+            if s != "train" and len(self.tokenized[s])
         }
         self.steps_per_epoch = math.ceil(len(self.tokenized["train"]) / ft.batch_size)
         self.total_steps = ft.max_steps or ft.epochs * self.steps_per_epoch
@@ -235,7 +251,7 @@ class FineTuner(TrainingLoop):
         self.model, self.optimizer, self.train_loader = acc.prepare(model, optimizer, train_loader)
         self.hessian = HessianEstimator.for_optimizer(self.optimizer, ft)  # sophia only
         self.eval_loaders = {s: acc.prepare(dl) for s, dl in eval_loaders.items()}
-        self.best = BestValidation(ft.select_best)
+        self.best = BestValidation(ft.select_best, selection_key(self.labels.regression))
         acc.register_for_checkpointing(self.scheduler, self.best)
         set_seed(ft.seed + acc.process_index)  # dropout streams differ per rank
         self.callbacks: list[Callback] = [LossScaleMonitor(self.cfg)]  # the shared monitors that apply here
@@ -270,7 +286,7 @@ class FineTuner(TrainingLoop):
         targets = batch.pop("labels")
         with self.plan.autocast():
             logits = self.model(**batch).logits
-        loss = F.cross_entropy(logits.float(), targets)  # fp32 loss in every precision
+        loss = task_loss(logits, targets, self.labels.regression)  # fp32 loss in every precision
         # one reduction per step: the loss every rank judges the same way, and the stop flag
         flag = self.stop_flag()  # a signal caught here, or the launcher gone
         total_loss, stop = acc.reduce(
@@ -312,16 +328,11 @@ class FineTuner(TrainingLoop):
         self.best.last_eval_step = step
         if "validation" not in self.eval_loaders:
             return
-        m = evaluate(
-            self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
-        )
+        m = self.evaluate_split("validation")
         self.log.write(
             {"step": step, "kind": "eval", "epoch": step / self.steps_per_epoch, **log_view("validation", m)}
         )
-        self.log.say(
-            f"bert-mp finetune: step {step} validation: loss {fmt(m['loss'])}, accuracy {fmt(m['accuracy'])}, "
-            f"macro-F1 {fmt(m['macro_f1'])}"
-        )
+        self.log.say(f"bert-mp finetune: step {step} validation: loss {fmt(m['loss'])}, {metrics_line(m)}")
         self.best.offer(step, m, self.accelerator.unwrap_model(self.model))
 
     def hessian_loss(self, batch: tuple[dict, torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -330,13 +341,14 @@ class FineTuner(TrainingLoop):
 
         def loss() -> torch.Tensor:
             with self.plan.autocast():
-                return F.cross_entropy(self.model(**inputs).logits.float(), targets)
+                return task_loss(self.model(**inputs).logits, targets, self.labels.regression)
 
         return loss
 
     # ---- select, test, export, finish --------------------------------------------------------------
     def complete(self) -> dict[str, Any]:
-        """A finished run validates, selects, tests and exports."""
+        """A finished run validates, selects, tests (and evaluates the task's other labelled splits,
+        such as MNLI's mismatched validation) and exports."""
         if self.best.last_eval_step != self.state.step:
             self.validate()
         inner = self.accelerator.unwrap_model(self.model)
@@ -344,17 +356,18 @@ class FineTuner(TrainingLoop):
             inner.load_state_dict(self.best.weights)
         final_val = self.best.metrics if self.ft.select_best else None
         if final_val is None and "validation" in self.eval_loaders:
-            final_val = evaluate(
-                self.model, self.eval_loaders["validation"], self.accelerator, self.plan, self.labels.size
-            )
-        test = None
-        if "test" in self.eval_loaders:
-            test = evaluate(
-                self.model, self.eval_loaders["test"], self.accelerator, self.plan, self.labels.size
-            )
+            final_val = self.evaluate_split("validation")
+        test = self.evaluate_split("test") if "test" in self.eval_loaders else None
+        if test is not None:
             self.log.write({"step": self.state.step, "kind": "test", **log_view("test", test)})
+        others = {s: self.evaluate_split(s) for s in self.eval_loaders if s not in ("validation", "test")}
+        for split, m in others.items():
+            self.log.write({"step": self.state.step, "kind": "eval", **log_view(split, m)})
         final_dir = self.export(inner, final_val, test) if self.ft.save_model else None
-        return self.finish("completed", final_val=final_val, test=test, final_dir=final_dir)
+        return self.finish("completed", final_val=final_val, test=test, final_dir=final_dir, others=others)
+
+    def evaluate_split(self, split: str) -> dict[str, Any]:
+        return evaluate(self.model, self.eval_loaders[split], self.accelerator, self.plan, self.labels)
 
     def export(self, inner: Any, final_val: dict | None, test: dict | None) -> Path:
         """final/: save_pretrained + tokenizer + model card, renamed into place when complete."""
@@ -398,23 +411,31 @@ class FineTuner(TrainingLoop):
 
     def card_facts(self, final_val: dict | None, test: dict | None) -> dict[str, Any]:
         """The model card's table for the fine-tuned export."""
-        ft, labels = self.ft, self.labels
+        ft, labels, key = self.ft, self.labels, self.best.key.replace("macro_f1", "macro-F1")
         return {
             "base checkpoint": self.ckpt,
-            "task": f"{self.task.name}: {labels.size} labels ({', '.join(map(str, labels.names[:8]))})",
+            "task": f"{self.task.name}: "
+            + ("a regression (one score)" if labels.regression else f"{labels.size} labels")
+            + f" ({', '.join(map(str, labels.names[:8]))})",
             "steps": f"{self.state.step} optimizer steps of {ft.batch_size} examples, max {ft.max_seq_length} tokens",
             "precision": self.plan.name,
-            "validation macro-F1": fmt((final_val or {}).get("macro_f1")),
-            "test macro-F1": fmt((test or {}).get("macro_f1")),
+            f"validation {key}": fmt((final_val or {}).get(self.best.key)),
+            f"test {key}": fmt((test or {}).get(self.best.key)),
         }
 
     def summary_extras(
-        self, final_val: dict | None = None, test: dict | None = None, final_dir: Path | None = None
+        self,
+        final_val: dict | None = None,
+        test: dict | None = None,
+        final_dir: Path | None = None,
+        others: dict[str, dict] | None = None,
     ) -> dict[str, Any]:
-        """Checkpoint, tokenizer, loading, task, times and throughput, selection, metrics, model, final/."""
+        """Checkpoint, tokenizer, loading, task, times and throughput, selection, metrics (``other_splits``:
+        the task's further labelled splits), model, final/."""
         s, ft = self.state, self.ft
         names = {
-            split: self.labels.metric_names(self.unseen.get(split, {})) for split in ("validation", "test")
+            split: self.labels.metric_names(self.unseen.get(split, {}))
+            for split in ("validation", "test", *(others or {}))
         }
         inner = self.accelerator.unwrap_model(self.model)
         train_s = self.checkpointer.elapsed()
@@ -434,10 +455,11 @@ class FineTuner(TrainingLoop):
             "throughput": {"examples_per_sec": s.examples_seen / train_s if train_s > 0 else None},
             "selected": {
                 "step": self.best.step if ft.select_best else s.step,
-                "rule": "best validation macro_f1" if ft.select_best else "last step",
+                "rule": f"best validation {self.best.key}" if ft.select_best else "last step",
             },
             "validation": named_metrics(final_val, names["validation"]) if final_val else None,
             "test": named_metrics(test, names["test"]) if test else None,
+            "other_splits": {s: named_metrics(m, names[s]) for s, m in (others or {}).items()},
             "model": {
                 "hidden_size": inner.config.hidden_size,
                 "num_hidden_layers": inner.config.num_hidden_layers,
@@ -452,6 +474,7 @@ class FineTuner(TrainingLoop):
             "name": task.name,
             "labels": self.labels.names,
             "num_labels": self.labels.size,
+            "regression": self.labels.regression,
             "sizes": {s: len(ds) for s, ds in self.tokenized.items()},
             "truncated": self.truncated,
             "max_seq_length": ft.max_seq_length,
@@ -474,15 +497,12 @@ def command(config_path: str | None, overrides: list[str]) -> int:
         console.show(outcome_line("finetune", s, cfg.finetune.output_dir))
         return exit_code(s)
     console.show(
-        f"bert-mp finetune: {s['task']['name']} ({s['task']['num_labels']} labels), {s['steps']} steps, "
+        f"bert-mp finetune: {s['task']['name']} "
+        f"({'a regression' if s['task']['regression'] else str(s['task']['num_labels']) + ' labels'}), {s['steps']} steps, "
         f"{s['precision']['name']}, init={s['loading']['init']}"
     )
-    for split in ("validation", "test"):
-        m = s[split]
+    for split, m in (("validation", s["validation"]), ("test", s["test"]), *s["other_splits"].items()):
         if m:
-            console.show(
-                f"  {split:<10} accuracy {fmt(m['accuracy'])}  macro-F1 {fmt(m['macro_f1'])}  MCC {fmt(m['mcc'])}"
-                f"  ({m['examples']} examples)"
-            )
+            console.show(f"  {split:<10} {metrics_line(m)}  ({m['examples']} examples)")
     console.show(f"  -> {cfg.finetune.output_dir}")
     return 0

@@ -1,5 +1,6 @@
 """``bert-mp export RUN_OR_CHECKPOINT``: a pretraining checkpoint (even of a stopped run) -> a Hugging
-Face folder, and the model card's facts of a pretraining export.
+Face folder, and the model card's facts of a pretraining export (``--push_to_hub``: then the Hub,
+:mod:`bert_mp.pretrain.hub_push`).
 
 The folder is finished like every other export (:func:`bert_mp.core.checkpoint.hf_folder.finish_hf_folder`: the
 tokenizer's length limit, a model card, weight checksums) and written atomically.
@@ -213,7 +214,24 @@ def _checkpoint_model(folder: Path, model: Any) -> Any:
     return model
 
 
-def command(ref: str, out: str | None = None) -> int:
+def command(
+    ref: str,
+    out: str | None = None,
+    push_to_hub: str | None = None,
+    revision: str | None = None,
+    private: bool = False,
+) -> int:
+    if push_to_hub is None:
+        if revision is not None or private:
+            raise ConfigError("--revision and --private go with --push_to_hub REPO")
+        dest = export_checkpoint(ref, out)
+        print(f"bert-mp export: {dest} (loads with BertForPreTraining.from_pretrained)")
+        return 0
+    from bert_mp.pretrain.hub_push import check_repo_id, push_folder
+
+    check_repo_id(push_to_hub)  # before any export work
     dest = export_checkpoint(ref, out)
-    print(f"bert-mp export: {dest} (loads with BertForPreTraining.from_pretrained)")
+    message = f"bert-mp export of {Path(ref).name}" + (f" ({revision})" if revision else "")
+    url = push_folder(dest, push_to_hub, revision, private, message)
+    print(f"bert-mp export: {dest} -> {push_to_hub}{f'@{revision}' if revision else ''} ({url})")
     return 0

@@ -1,7 +1,8 @@
 """The files ``bert-mp sweep`` writes and ``bert-mp report`` reads, as typed records.
 
-``sweep.json`` is a :class:`SweepRecord`; each run folder's ``summary.json`` is read as a
-:class:`RunSummary`. Reading is strict: a missing or unknown field is an error that names the file
+``sweep.json`` is a :class:`SweepRecord` (its ``downstream`` list: one :class:`DownstreamEntry` per
+fine-tune of ``sweep.downstream``); each run folder's ``summary.json`` is read as a
+:class:`RunSummary`, each fine-tune's as a :class:`FinetuneSummary`. Reading is strict: a missing or unknown field is an error that names the file
 and the field, never a silent default.
 """
 
@@ -74,6 +75,28 @@ class RunEntry:
 
 
 @dataclass
+class DownstreamEntry:
+    """One fine-tune of ``sweep.downstream``: a run's final checkpoint on one task with one seed."""
+
+    run: str
+    """The pretraining run's name (its :class:`RunEntry`'s)."""
+    group: str
+    precision: str
+    """The pretraining run's precision (the fine-tune's own is the finetune section's)."""
+    role: str
+    task: str
+    seed: int
+    dir: str
+    """Relative to the sweep folder."""
+    status: str = "pending"
+    reason: str | None = None
+    returncode: int | None = None
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    resumed: bool = False
+
+
+@dataclass
 class GroupEntry:
     """Runs that share every axis but precision."""
 
@@ -101,6 +124,8 @@ class SweepRecord:
     groups: list[GroupEntry]
     runs: list[RunEntry]
     dimension_flags: dict[str, list[str]] = field(default_factory=dict)
+    downstream: list[DownstreamEntry] = field(default_factory=list)
+    """The fine-tunes of ``sweep.downstream`` (empty without it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,6 +138,10 @@ class SweepRecord:
             strict_record(GroupEntry, g, f"{where}: groups[{i}]") for i, g in enumerate(d["groups"])
         ]
         rec.runs = [strict_record(RunEntry, r, f"{where}: runs[{i}]") for i, r in enumerate(d["runs"])]
+        rec.downstream = [
+            strict_record(DownstreamEntry, r, f"{where}: downstream[{i}]")
+            for i, r in enumerate(d.get("downstream", []))
+        ]
         return rec
 
     def write(self, root: Path) -> None:
@@ -172,6 +201,38 @@ class RunSummary:
         if not path.is_file():
             return None
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+
+
+@dataclass
+class FinetuneSummary:
+    """A fine-tune's ``summary.json`` as the downstream verdict reads it (``bert-mp finetune`` writes it)."""
+
+    status: str
+    steps: int
+    precision: dict[str, Any]
+    task: dict[str, Any] | None = None
+    """Name, labels, sizes; absent from a run that failed before its data was read."""
+    validation: dict[str, Any] | None = None
+    test: dict[str, Any] | None = None
+    other_splits: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+    error: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> FinetuneSummary | None:
+        """The fine-tune's summary, or None when it wrote none."""
+        path = Path(run_dir) / SUMMARY
+        if not path.is_file():
+            return None
+        d = json.loads(path.read_text(encoding="utf-8"))
+        missing = [k for k in ("status", "steps", "precision") if k not in d]
+        if missing:
+            raise ConfigError(
+                f"{path}: missing field(s) {', '.join(missing)} (not a bert-mp finetune summary)"
+            )
+        names = {f.name for f in fields(cls)} - {"raw"}
+        return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
 
 
 def read_status(run_dir: Path) -> str | None:

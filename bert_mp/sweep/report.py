@@ -18,7 +18,7 @@ from typing import Any
 
 from bert_mp.core.loop import parity
 from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
-from bert_mp.sweep import diagnostics, grid, speed
+from bert_mp.sweep import diagnostics, downstream_report, grid, speed
 from bert_mp.sweep.document import Block, Image, Table, fmt, mib, pct, to_html, to_markdown
 from bert_mp.sweep.plots import plot_group
 from bert_mp.sweep.record import RunSummary, SweepRecord
@@ -407,6 +407,8 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
     for ga in analyses:
         for section in GROUP_SECTIONS:
             sections += section(rep, ga)
+    downstream = downstream_report.analyse(root, record, groups, rep.rules)  # sweep.downstream
+    sections += downstream_report.sections(downstream, root, rep.rules)
     sections += unfinished_section(rep)
     title = "bert_mp precision sweep report"
     atomic_write_text(root / "report.md", to_markdown(sections, root, title))
@@ -420,6 +422,7 @@ def build_report(sweep_dir: str | Path) -> dict[str, Any]:
         "rules": rep.rules.__dict__,
         "groups": [group_summary(rep, ga) for ga in analyses],
         "grid": grid.grid_summary(analyses),
+        "downstream": downstream,
         "runs": [
             {
                 **asdict(r.entry),
@@ -462,7 +465,7 @@ def verdict_lines(summary: dict[str, Any], skips_shown: bool = False) -> list[st
         group = f"{g['name']}: " if len(summary["groups"]) > 1 else ""
         lines += [f"  {group}{check_line(c)}" for c in g["speed_checks"] if not c["agree"]]
         lines += [f"  {group}load: {note}" for note in g["load_notes"]]
-    return lines
+    return lines + downstream_report.lines(summary)
 
 
 def check_line(check: dict[str, Any]) -> str:

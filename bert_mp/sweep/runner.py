@@ -43,6 +43,7 @@ from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (
     BASE_CONFIG,
     FINAL_STATUSES,
+    DownstreamEntry,
     GroupEntry,
     HostInfo,
     RunEntry,
@@ -85,6 +86,11 @@ def load_sweep_config(
     if "fp32" not in cfg.sweep.precisions:
         raise ConfigError(
             f"sweep.precisions: must include fp32, the reference every verdict compares to (got {cfg.sweep.precisions})"
+        )
+    if cfg.sweep.downstream.tasks and not cfg.train.export:
+        raise ConfigError(
+            "sweep.downstream: fine-tunes each run's final/ checkpoint, which train.export=false does not "
+            "write; set train.export=true (or drop sweep.downstream.tasks)"
         )
     return cfg, base_path
 
@@ -160,11 +166,14 @@ def run_config(
     return load_config(base_file, ovs), ovs
 
 
-def launch_command(cfg: Config, config_file: Path, overrides: list[str], cuda: bool) -> list[str]:
-    """The command line of one run: ``python -m bert_mp train`` or ``accelerate launch -m bert_mp train``."""
+def launch_command(
+    cfg: Config, config_file: Path, overrides: list[str], cuda: bool, command: str = "train"
+) -> list[str]:
+    """The command line of one run: ``python -m bert_mp train`` or ``accelerate launch -m bert_mp train``
+    (``command``: ``finetune`` for a fine-tune of ``sweep.downstream``)."""
     sc = cfg.sweep
     use_accelerate = sc.launcher == "accelerate" or (sc.launcher == "auto" and sc.num_processes > 1)
-    train = ["bert_mp", "train", str(config_file), *overrides]
+    train = ["bert_mp", command, str(config_file), *overrides]
     if not use_accelerate:
         return [sys.executable, "-m", *train]
     return [*accelerate_launch(sc.num_processes, cuda=cuda, extra=sc.accelerate_args), "-m", *train]
@@ -222,7 +231,10 @@ once: tests/forkserver.py, which also counts their CPU seconds in :func:`childre
 children_cpu_seconds = _children_cpu_seconds
 
 
-def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
+def run_process(cmd: list[str], run_dir: Path) -> tuple[int, float, float]:
+    """One run's process, its output appended to ``<run_dir>/launch.log``: its exit code, wall seconds
+    and CPU seconds. Interrupted, it passes SIGTERM on so the run saves and stops (a later sweep
+    resumes it) before the interruption goes on."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "launch.log"
     env = {
@@ -246,13 +258,16 @@ def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
-    run.wall_s = time.perf_counter() - t0
     # CPU seconds of the run's processes: on a shared machine a steadier cost figure than wall time
-    run.cpu_s = children_cpu_seconds() - cpu0
-    run.returncode = returncode
+    return returncode, time.perf_counter() - t0, children_cpu_seconds() - cpu0
+
+
+def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
+    run.returncode, run.wall_s, run.cpu_s = run_process(cmd, run_dir)
+    log_path = run_dir / "launch.log"
     summary = RunSummary.load(run_dir)
     run.status = summary.status if summary else "failed"
-    if proc.returncode != 0 or run.status != "completed":
+    if run.returncode != 0 or run.status != "completed":
         run.reason = (summary and (summary.error or summary.stop_reason)) or _last_error(log_path)
         if run.status == "completed":  # exited non-zero after writing a completed summary
             run.status = "failed"
@@ -291,6 +306,10 @@ class Sweep:
         self.sweep_file = sweep_file
         self.groups = plan_sweep(cfg)
         self.dimension_flags: dict[str, list[str]] = {}
+        self.device: Any = None
+        """The device the runs train on (set when the sweep runs)."""
+        self.downstream: list[DownstreamEntry] = []
+        """The fine-tunes of ``sweep.downstream`` (:mod:`bert_mp.sweep.downstream`), as they went."""
 
     def record(self) -> SweepRecord:
         """sweep.json as it stands: the plan and how far each run got."""
@@ -308,6 +327,7 @@ class Sweep:
             groups=[GroupEntry(g.name, g.axes) for g in self.groups],
             runs=[r for g in self.groups for r in g.runs],
             dimension_flags=self.dimension_flags,
+            downstream=self.downstream,
         )
 
     def write_manifest(self) -> None:
@@ -351,6 +371,11 @@ class Sweep:
                     run_cfg, ovs = configs[(g.name, r.name)]
                     self._run_one(r, label, run_cfg, [str(base_file), *ovs], device)
                 self.write_manifest()
+        if self.cfg.sweep.downstream.tasks:  # every run's final checkpoint fine-tuned and judged
+            from bert_mp.sweep.downstream import run_downstream
+
+            self.device = device
+            run_downstream(self, base_file)
         if self.cfg.sweep.profile_steps > 0:
             self._diagnostics(configs, available, device)
         self.write_manifest()
@@ -399,6 +424,14 @@ class Sweep:
         loaded = load_line(run_dir)
         if loaded:
             print(f"bert-mp sweep: {label}: {loaded}", flush=True)
+
+    def execute(self, command: str, overrides: list[str], folder: Path) -> tuple[int, float, float, str]:
+        """A ``bert-mp <command>`` process of this sweep (its base config and ``overrides``) writing
+        ``folder``: exit code, wall and CPU seconds, and the last error line of its launch.log."""
+        base_file = self.root / BASE_CONFIG
+        cmd = launch_command(self.cfg, base_file, overrides, self.device.type == "cuda", command)
+        returncode, wall_s, cpu_s = run_process(cmd, folder)
+        return returncode, wall_s, cpu_s, _last_error(folder / "launch.log")
 
     def _carry_earlier_measurements(self) -> None:
         """The measurements ``sweep.rerun`` replaced in earlier invocations, from the sweep.json there is."""

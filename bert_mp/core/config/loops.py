@@ -281,7 +281,8 @@ class FinetuneConfig(LoopConfig):
     tokenizer: Optional[str] = None
     """Tokenizer path or Hub name (None: the one saved with the checkpoint)."""
     task: str = "builtin-package"
-    """builtin-package | builtin-kind (offline, from stdlib docstrings) | local (files) | hub | glue/<name>."""
+    """builtin-package | builtin-kind (offline, from stdlib docstrings) | local (files) | hub | glue/<name>
+    (cola, sst2, mrpc, qqp, stsb - a regression -, mnli, qnli, rte, wnli)."""
     train_file: Optional[str] = None
     """task=local: CSV / JSON Lines / Parquet file with the training examples."""
     validation_file: Optional[str] = None
@@ -292,6 +293,9 @@ class FinetuneConfig(LoopConfig):
     """task=hub: dataset name for ``datasets.load_dataset``."""
     hub_config: Optional[str] = None
     """task=hub: dataset configuration name."""
+    glue_data: Optional[str] = None
+    """task=glue/<name>: a local copy of nyu-mll/glue in the Hub's layout
+    (<dir>/<task>/<split>-00000-of-00001.parquet); None: read those files from the Hub."""
     train_split: str = "train"
     """task=hub: split used for training."""
     validation_split: Optional[str] = "validation"

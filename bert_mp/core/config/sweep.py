@@ -18,6 +18,36 @@ RECIPES: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
+class DownstreamConfig:
+    """``sweep.downstream``: every pretraining run's final checkpoint fine-tuned on each task, with
+    the sweep's finetune section as the one recipe for every precision."""
+
+    tasks: list[str] = field(default_factory=list)
+    """finetune.task values to fine-tune each run's final/ on, after the pretraining runs: builtin-package,
+    builtin-kind, glue/<name>, local (the finetune section's files), hub. Empty: no downstream step."""
+    seeds: list[int] = field(default_factory=list)
+    """finetune.seed values: each task is fine-tuned once per seed from every checkpoint (empty: the
+    finetune section's seed)."""
+
+    def validate(self) -> None:
+        for i, t in enumerate(self.tasks):
+            _check(
+                t in ("builtin-package", "builtin-kind", "local", "hub") or t.startswith("glue/"),
+                f"sweep.downstream.tasks[{i}]",
+                "must be builtin-package, builtin-kind, local, hub or glue/<name> (a finetune.task)",
+                t,
+            )
+        _check(
+            len(set(self.tasks)) == len(self.tasks), "sweep.downstream.tasks", "has duplicates", self.tasks
+        )
+        for i, v in enumerate(self.seeds):
+            _range(v, f"sweep.downstream.seeds[{i}]", 0)
+        _check(
+            len(set(self.seeds)) == len(self.seeds), "sweep.downstream.seeds", "has duplicates", self.seeds
+        )
+
+
+@dataclass
 class SweepConfig:
     """Precision sweep: which axes to vary around the base config, and the parity verdict."""
 
@@ -72,6 +102,8 @@ class SweepConfig:
     rerun: list[str] = field(default_factory=list)
     """Runs (by name, e.g. [fp32,bf16]) to train again although they completed earlier, e.g. when
     the report says they were measured under other conditions (threads, machine load)."""
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+    """Fine-tune every run's final checkpoint and judge each precision downstream (docs/sweeps.md)."""
 
     def validate(self) -> None:
         for i, p in enumerate(self.precisions):
@@ -122,3 +154,4 @@ class SweepConfig:
         _range(self.profile_steps, "sweep.profile_steps", 0)
         if self.reference_seed is not None:
             _range(self.reference_seed, "sweep.reference_seed", 0)
+        self.downstream.validate()

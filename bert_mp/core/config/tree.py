@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 
 from bert_mp.core.config.checks import _check
 from bert_mp.core.config.data import DataConfig
+from bert_mp.core.config.glue import GLUE_TASK_NAMES, GlueConfig
 from bert_mp.core.config.loops import FinetuneConfig, TrainConfig
 from bert_mp.core.config.model import ModelConfig
 from bert_mp.core.config.sweep import SweepConfig
@@ -39,11 +40,22 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    glue: GlueConfig = field(default_factory=GlueConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
     def validate(self) -> None:
         for f in fields(self):
             getattr(self, f.name).validate()
+        for key, task in [("finetune.task", self.finetune.task)] + [
+            (f"sweep.downstream.tasks[{i}]", t) for i, t in enumerate(self.sweep.downstream.tasks)
+        ]:
+            name = task.removeprefix("glue/")
+            _check(
+                not task.startswith("glue/") or name in GLUE_TASK_NAMES,
+                key,
+                f"unknown GLUE task {name!r}; choose from {', '.join(GLUE_TASK_NAMES)}",
+                task,
+            )
         if self.data.pack_pairs:
             _check(
                 self.model.unpad,

@@ -303,6 +303,11 @@ def _check(
     return {"value": value, "seed_spread": seed, "tolerance": tol, "ratio": ratio, "status": status}
 
 
+check_deviation = _check
+"""One check by the verdict's rule, for other figures than losses: the sweep's downstream verdict
+(:mod:`bert_mp.sweep.downstream`) judges fine-tuned metrics against the fp32 band with it."""
+
+
 class ParityCallback:
     """Live parity against a reference ``metrics.jsonl`` (``train.parity_reference``) in any run.
 

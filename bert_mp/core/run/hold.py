@@ -11,6 +11,7 @@ machine speed. Points:
 - ``checkpoint:N:STAGE`` - inside the write of checkpoint N (``checkpoint.WRITE_STAGES``);
 - ``prepare:paired`` - prepare, once the first block of pairs is back from the pairing workers;
 - ``tokenizer:written`` - prepare, once a trained tokenizer is written to its temporary folder.
+- ``glue:N`` - ``bert-mp glue``, once the N-th task's results are in glue.json.
 
 Only the main process (``RANK`` unset or 0) holds; the other ranks wait for it at their next
 collective. Unset, a hold point costs one dictionary lookup.

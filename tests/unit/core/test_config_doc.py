@@ -14,7 +14,7 @@ from bert_mp.errors import ConfigError
 def _leaves(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and v:  # a section; an empty mapping (glue.recipes) is a key
             out.update(_leaves(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v

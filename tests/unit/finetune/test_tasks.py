@@ -224,7 +224,9 @@ def test_hub_split_missing_is_clear(tmp_path):
         load_task(cfg)
 
 
-def test_glue_task_maps_repo_columns_and_hidden_test_labels(monkeypatch):
+def test_glue_task_reads_the_hubs_parquet_files_with_hidden_test_labels(monkeypatch):
+    """Without finetune.glue_data the task reads nyu-mll/glue's own files from the Hub: the boundary is
+    the one datasets call a local copy goes through too."""
     calls = []
     features = datasets.Features(
         {
@@ -235,22 +237,28 @@ def test_glue_task_maps_repo_columns_and_hidden_test_labels(monkeypatch):
         }
     )
 
-    def fake_load_dataset(name, config=None):
-        calls.append((name, config))
+    def fake_load_dataset(path, data_files=None):
+        calls.append((path, data_files))
         rows = [{"sentence1": f"a {i}", "sentence2": f"b {i}", "label": i % 2, "idx": i} for i in range(10)]
         hidden = [dict(r, label=-1) for r in rows]
+        by_split = {"train": rows, "validation": rows[:4] + hidden[:2]}
         return datasets.DatasetDict(
-            {
-                "train": datasets.Dataset.from_list(rows, features=features),
-                "validation": datasets.Dataset.from_list(rows[:4] + hidden[:2], features=features),
-                "test": datasets.Dataset.from_list(hidden, features=features),
-            }
+            {s: datasets.Dataset.from_list(by_split[s], features=features) for s in data_files}
         )
 
     monkeypatch.setattr(tasks.datasets, "load_dataset", fake_load_dataset)
     td = load_task(FinetuneConfig(task="glue/mrpc"))
-    assert calls == [("nyu-mll/glue", "mrpc")]
-    assert td.has_pair and set(td.splits) == {"train", "validation"}
+    hub = "hf://datasets/nyu-mll/glue/mrpc"
+    assert calls == [
+        (
+            "parquet",
+            {
+                "train": f"{hub}/train-00000-of-00001.parquet",
+                "validation": f"{hub}/validation-00000-of-00001.parquet",
+            },
+        )
+    ]
+    assert td.has_pair and set(td.splits) == {"train", "validation"} and not td.regression
     assert td.stats["label_names"] == ["not_equivalent", "equivalent"]
     assert td.stats["rows_without_text_or_label_dropped"] == {"train": 0, "validation": 2}
     space = build_label_space(td.splits["train"]["label"], td.stats["label_names"])
@@ -258,14 +266,16 @@ def test_glue_task_maps_repo_columns_and_hidden_test_labels(monkeypatch):
 
 
 def test_unknown_glue_task_and_offline_hub_are_clear(monkeypatch):
-    with pytest.raises(ConfigError, match="stsb is regression"):
-        load_task(FinetuneConfig(task="glue/stsb"))
+    with pytest.raises(ConfigError, match="unknown GLUE task 'sts'; choose from cola, sst2"):
+        load_task(FinetuneConfig(task="glue/sts"))
 
     def offline(*a, **k):
         raise ConnectionError("Couldn't reach the Hub")
 
     monkeypatch.setattr(tasks.datasets, "load_dataset", offline)
-    with pytest.raises(DataError, match="cannot load dataset 'nyu-mll/glue' \\(sst2\\).*no network"):
+    with pytest.raises(
+        DataError, match=r"cannot read GLUE sst2 from the Hub .*no network\? give a local copy"
+    ):
         load_task(FinetuneConfig(task="glue/sst2"))
 
 

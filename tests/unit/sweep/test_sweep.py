@@ -158,7 +158,14 @@ def test_resume_decisions(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["quickstart_sweep.yaml", "sweep_cpu.yaml", "sweep_gpu_base.yaml", "sweep_frontier_cpu.yaml"]
+    "name",
+    [
+        "quickstart_sweep.yaml",
+        "sweep_cpu.yaml",
+        "sweep_gpu_base.yaml",
+        "sweep_frontier_cpu.yaml",
+        "sweep_downstream_cpu.yaml",
+    ],
 )
 def test_shipped_sweep_recipes_load(name, monkeypatch):
     monkeypatch.chdir(ROOT)

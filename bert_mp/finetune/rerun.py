@@ -1,0 +1,53 @@
+"""What a command that runs many fine-tunes (``bert-mp glue``, a sweep's downstream step) does with a
+fine-tuning folder it finds again: keep a finished run, resume a stopped one, or train it again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from bert_mp.core.config import config_to_dict
+from bert_mp.core.run.run_dir import config_changes, describe_changes, holds_run
+
+RESUME = {"resume": ["finetune.resume=latest"], "again": ["finetune.overwrite_output_dir=true"]}
+"""The overrides each action adds to the fine-tune's config (``keep`` and ``fresh``: none)."""
+
+
+def folder_action(
+    cfg: Any, keep: tuple[str, ...] = ("completed",), source: Path | None = None
+) -> tuple[str, str]:
+    """``(keep | resume | again | fresh, why)`` for ``cfg.finetune.output_dir``: a run whose status is in
+    ``keep`` and whose config is ``cfg``'s is kept - unless ``source`` (its checkpoint folder) was
+    written again since -; a stopped run with a checkpoint resumes; any other run there is trained
+    again, an empty folder freshly."""
+    from bert_mp.core.checkpoint.store import find_latest
+
+    out = Path(cfg.finetune.output_dir)
+    saved = out / "config.yaml"
+    if saved.is_file():
+        changed = config_changes(
+            OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), "finetune"
+        )
+        if changed:
+            return "again", f"config changed since its run ({describe_changes(changed)})"
+    summary = out / "summary.json"
+    if _status(summary) in keep:
+        written = source / "config.json" if source is not None else None
+        if written is not None and written.is_file() and written.stat().st_mtime > summary.stat().st_mtime:
+            return "again", "its checkpoint was written again since"
+        return "keep", f"{_status(summary)} earlier"
+    if (out / "checkpoints").is_dir() and find_latest(out / "checkpoints") is not None:
+        return "resume", "stopped earlier"
+    if holds_run(out):
+        return "again", "interrupted earlier, before any checkpoint"
+    return "fresh", ""
+
+
+def _status(summary: Path) -> str | None:
+    try:
+        return json.loads(summary.read_text(encoding="utf-8")).get("status")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
