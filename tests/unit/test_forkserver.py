@@ -11,13 +11,21 @@ import sys
 import forkserver
 import pytest
 
+pytestmark = pytest.mark.skipif(
+    os.environ.get(forkserver.SWITCH_ENV, "1") == "0", reason=f"{forkserver.SWITCH_ENV}=0: nothing is forked"
+)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _both(args: list[str], cwd) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     cmd = [sys.executable, "-m", "bert_mp", *args]
     forkserver.server_for(ENV)
-    forked = forkserver.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forkserver.popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert isinstance(proc, forkserver.ForkedProcess), (
+        "not forked: the comparison would be fresh against fresh"
+    )
+    out, err = proc.communicate(timeout=300)
+    forked = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     fresh = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
     return forked, fresh
 
