@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import forkserver
 import pytest
@@ -187,3 +188,22 @@ def test_only_the_repositorys_quiet_scripts_are_forked(tmp_path):
     assert loud and forkserver._script_args([sys.executable, str(loud[0]), "-h"]) is None
     assert forkserver._script_args([sys.executable, str(quiet), "-h"]) == (str(quiet), ["-h"])
     assert forkserver._script_args([sys.executable, "-c", "pass"]) is None
+
+
+def test_the_full_run_starts_the_commands_of_signals_and_readme_tests_fresh(monkeypatch):
+    """scripts/test.sh sets BERT_MP_TEST_FRESH=1: a test marked ``signals`` or ``fresh`` then runs with
+    the fork server off (tests/conftest.py); other tests, and every test without it, fork."""
+    import types
+
+    import conftest
+
+    def node(*marks: str):
+        return types.SimpleNamespace(get_closest_marker=lambda name: name if name in marks else None)
+
+    monkeypatch.setenv(conftest.FRESH_ENV, "1")
+    assert conftest.commands_fresh(node("signals")) and conftest.commands_fresh(node("fresh", "slow"))
+    assert not conftest.commands_fresh(node()) and not conftest.commands_fresh(node("slow"))
+    monkeypatch.delenv(conftest.FRESH_ENV)
+    assert not conftest.commands_fresh(node("signals"))
+    readme_test = Path(conftest.__file__).parent / "integration" / "test_readme_commands.py"
+    assert "pytestmark = pytest.mark.fresh" in readme_test.read_text()  # the README's commands
