@@ -179,7 +179,12 @@ def random_generators() -> list:
         import numpy
 
         kinds += (numpy.random.RandomState, numpy.random.Generator)
-    found = [o for o in gc.get_objects() if isinstance(o, kinds) and not isinstance(o, random.SystemRandom)]
+    # by type, never isinstance: an object's __class__ may be computed (a proxy, a lazy module)
+    found = [
+        o
+        for o in gc.get_objects()
+        if issubclass(type(o), kinds) and not issubclass(type(o), random.SystemRandom)
+    ]
     if "torch" in sys.modules:
         found.append(sys.modules["torch"].default_generator)
     return found

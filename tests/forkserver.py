@@ -601,7 +601,7 @@ def popen(
     env = dict(os.environ if env is None else env)
     use = rest is not None and os.environ.get(SWITCH_ENV, "1") != "0" and env.get("BERT_MP_DEBUG") != "1"
     server = _server(env, eager=script is None and rest[:1] == ["sweep"]) if use else None
-    if server is not None and os.getsid(0) != server.sid:
+    if server is not None and not start_new_session and os.getsid(0) != server.sid:
         # a sweep in a session of its own (start_cli): a forked run could not join its process group
         # (a group belongs to one session), and a killpg of the sweep must reach its runs
         server = None
