@@ -22,10 +22,12 @@ from safetensors.torch import load_file
 from support import (
     LAUNCH_DATA,
     LAUNCH_MODEL,
+    all_ended,
     free_port,
     hold_env,
     launch_env,
     launch_project,
+    launch_ranks,
     run_cli,
     start_cli,
     wait_held,
@@ -97,59 +99,6 @@ def test_launch_two_processes_stops_on_a_signal_with_its_exit_code_and_one_line(
     assert saved == [f"step_{summary['steps']:08d}"]
 
 
-def _ignored(pid: int) -> set[int]:
-    """The signals process ``pid`` ignores (its ``SigIgn`` mask)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    bits = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
-    return {n for n in signal.valid_signals() if bits >> (n - 1) & 1}
-
-
-@pytest.mark.signals
-def test_a_stop_that_reached_another_rank_ends_with_the_first_ranks_stopped_line_despite_the_agent(project):
-    """The race the two-machine drill met, on one machine with two ranks. SIGTERM reaches rank 1 only
-    (as another machine's ranks get it); rank 0 learns of it through the next step's all-reduced stop
-    flag, both save, and rank 0 - with no signal of its own - passes the stop on to its launcher.
-    Rank 1 exits 143 meanwhile, and torch elastic's agent then sends SIGTERM to rank 0, saved but with
-    its stopped line still to print. Rank 0 holds there (``stopped``): it ignores SIGTERM and SIGINT
-    now (the real launch's environment sets what decides it), and the agent's late SIGTERM - sent here
-    too, so that it surely lands in that window - does not end it: the launch exits 143 with the line."""
-    from bert_mp.core.checkpoint import store as ckpt
-
-    out, ready, started = "run_relayed", project / "held_relayed", []
-    args = ["launch", "--num_processes", "2", "--main_process_port", _port(), "train", *TRAIN]
-    args += [f"train.output_dir={out}", "train.max_steps=100000"]
-    proc = start_cli(*args, cwd=project, env=launch_env(**hold_env("step:2,stopped", ready)))
-    try:
-        wait_held(proc, ready)
-        ranks = _ranks(proc, started)
-        ranks[1].send_signal(signal.SIGTERM)
-        ready.unlink()  # rank 0 goes on; the stop reaches it through the flag
-        wait_held(proc, ready)  # saved, summary written, the stop passed on: rank 0 holds at `stopped`
-        assert {signal.SIGTERM, signal.SIGINT} <= _ignored(ranks[0].pid)
-        assert _ended([ranks[1]], timeout=300)  # rank 1 exited: the agent's SIGTERM to rank 0 follows
-        ranks[0].send_signal(signal.SIGTERM)  # the agent's, at the latest in this window
-        ready.unlink()
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        for p in started:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-    assert proc.returncode == 143, (stdout[-3000:], stderr[-3000:])
-    assert "Traceback" not in stderr and "SignalException" not in stderr, stderr[-3000:]
-    summary = json.loads((project / out / "summary.json").read_text())
-    assert (summary["status"], summary["stop_reason"]) == ("stopped", "signal SIGTERM")
-    stopped = (
-        f"bert-mp train: stopped after {summary['steps']} steps (signal SIGTERM; checkpoint saved) -> {out}"
-    )
-    assert [line for line in stdout.splitlines() if line.startswith("bert-mp train: stopped")] == [
-        f"{stopped}; continue it with the same command and train.resume=latest"
-    ], stdout
-    saved = ckpt.list_checkpoints(project / out / "checkpoints")
-    assert [p.name for p in saved] == [ckpt.checkpoint_name(summary["steps"])] and ckpt.verify(
-        saved[0]
-    ) is None
-
-
 def test_accelerate_launch_cpu_with_two_processes_says_that_one_runs(project):
     """A plain ``accelerate launch --cpu --num_processes 2`` starts one process (Accelerate 1.x): the
     run says so, once, and names what starts two."""
@@ -192,39 +141,6 @@ def _launch(project: Path, out: str, *extra: str, env: dict | None = None) -> su
     args = ["launch", "--num_processes", "2", "--main_process_port", _port(), "train", *CHAIN]
     # its group is killed when the test ends (its ranks, in sessions of their own, by the test: _ranks)
     return start_cli(*args, f"train.output_dir={out}", *extra, cwd=project, env=env or launch_env())
-
-
-def _ranks(launch: subprocess.Popen, started: list) -> dict[int, psutil.Process]:
-    """The ranks under a held launch, by RANK (torch elastic starts each in its own session: they are
-    remembered in ``started`` and killed when the test ends, however it ends)."""
-    found = {}
-    for p in psutil.Process(launch.pid).children(recursive=True):
-        started.append(p)
-        rank = p.environ().get("RANK")
-        if rank is not None and "bert_mp" in " ".join(p.cmdline()):
-            found[int(rank)] = p
-    assert sorted(found) == [0, 1], found
-    return found
-
-
-def _ended(procs: list[psutil.Process], timeout: float) -> bool:
-    """Whether every process in ``procs`` ends within ``timeout`` seconds (a pidfd each: readable once
-    the process has exited, zombie or reaped; no polling)."""
-    import select
-    import time
-
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            fd = os.pidfd_open(p.pid)
-        except ProcessLookupError:
-            continue
-        try:
-            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                return False
-        finally:
-            os.close(fd)
-    return True
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
@@ -286,7 +202,7 @@ def test_a_killed_launcher_then_a_killed_rank_stop_cleanly_and_the_run_resumes_t
         ready = project / "held_chain"
         first = _launch(project, "chain", env=launch_env(**hold_env("step:3", ready)))
         wait_held(first, ready)
-        ranks = _ranks(first, started)
+        ranks = launch_ranks(first, started)
         before = _files(run)
         with monkeypatch.context() as m:  # `bert-mp train` (its CLI, in this process) into the live folder
             m.chdir(project)
@@ -314,14 +230,14 @@ def test_a_killed_launcher_then_a_killed_rank_stop_cleanly_and_the_run_resumes_t
             saved == ["step_00000002", "step_00000004"]
             and ckpt.verify(run / "checkpoints" / saved[-1]) is None
         )
-        assert _ended(started, timeout=120)  # they closed its stdout and now end: none trains on
+        assert all_ended(started, timeout=120)  # they closed its stdout and now end: none trains on
 
         ready = project / "held_chain_2"
         resumed = _launch(
             project, "chain", "train.resume=latest", env=launch_env(**hold_env("step:6", ready))
         )
         wait_held(resumed, ready)
-        victim = _ranks(resumed, started)[1]
+        victim = launch_ranks(resumed, started)[1]
         victim.send_signal(signal.SIGKILL)  # as the out-of-memory killer does
         ready.unlink()  # rank 0's next collective fails; torch elastic ends the launch
         _, err = resumed.communicate(timeout=300)
