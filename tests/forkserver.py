@@ -324,7 +324,7 @@ class _Server:
             ready = {"problem": f"did not start: {Path(self.log.name).read_text()[-2000:]}", "cpu": 0.0}
         self.problem = ready["problem"]
         self.delta, self.removed = ready.get("delta", {}), ready.get("removed", [])
-        self.sid = os.getsid(self.proc.pid) if self.proc.poll() is None else None  # the asker's
+        self.sid = os.getsid(0)  # the server's: started in this process's session
         CPU_SECONDS += ready["cpu"]
         if self.problem:
             import warnings
