@@ -25,6 +25,12 @@ for _sig, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQ
         signal.signal(_sig, _handler)
 
 CPU_MASK_ENV = "BERT_MP_CPU_MASK"  # bert_mp.precision.CPU_MASK_ENV (not imported here: see below)
+FRESH_ENV = "BERT_MP_TEST_FRESH"
+"""``1`` (scripts/test.sh's full run, so every CI run): the tests marked ``signals`` (every test that acts
+on a running process) or ``fresh`` (the README's commands) start their commands as fresh processes,
+never through the fork server (tests/forkserver.py): what the server's imports would hide - a missing
+import, an import-order or start-up bug - fails there, in the commands a user runs first and in every
+stop and kill."""
 
 
 def pytest_addoption(parser):
@@ -37,6 +43,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", f"fresh: its commands run as fresh processes where {FRESH_ENV}=1")
     # Set before bert_mp is imported, so its oneDNN ISA cap applies from the first kernel on.
     mask = config.getoption("--cpu-mask")
     if mask is not None:
@@ -162,6 +169,20 @@ def fresh_accelerate_state():
     reset_accelerate()
     yield
     reset_accelerate()
+
+
+def commands_fresh(node) -> bool:
+    """Whether the test ``node`` starts its commands fresh: marked ``signals`` or ``fresh``, in a run
+    with ``BERT_MP_TEST_FRESH=1``."""
+    marked = node.get_closest_marker("signals") or node.get_closest_marker("fresh")
+    return bool(marked) and os.environ.get(FRESH_ENV) == "1"
+
+
+@pytest.fixture(autouse=True)
+def fresh_commands(request, monkeypatch):
+    if commands_fresh(request.node):
+        monkeypatch.setenv("BERT_MP_TEST_FORKSERVER", "0")  # forkserver.SWITCH_ENV, read at each command
+    yield
 
 
 @pytest.fixture(autouse=True)

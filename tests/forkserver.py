@@ -3,19 +3,30 @@
 A fresh Python that runs a bert_mp command spends 4-6 CPU seconds importing torch, transformers,
 accelerate and datasets before the command does anything: on a 2-core machine that was most of what
 the CLI tests cost. Here one server per pytest worker and *import environment* imports all of it
-once, then forks a child per command. The child is a real process - its own pid, session (when
-asked), stdin / stdout / stderr, environment, working directory, signals and exit status - that
-skips only what a fresh interpreter would have done at import time. So that the skip is invisible:
+once, then forks a child per command. The child becomes the process a fresh interpreter started from
+the asking process would be (tests/forkchild.py): its own pid, standard streams, environment, working
+folder, signal dispositions and mask, umask, CPU affinity, resource limits, process group or session,
+``__main__``, argv, ``sys.path[0]``, random state, exit status - and skips only what a fresh
+interpreter would have done at import time. So that the skip is invisible:
 
 - a server serves only commands whose environment matches its own in every variable a library may
-  read at import (all but :data:`RUNTIME_ONLY`); another environment gets a server of its own;
+  read at import (all but :data:`RUNTIME_ONLY`); another environment gets a server of its own (so a
+  command that sets ``PYTHONHASHSEED`` gets a server with that hash seed);
 - what the imports changed in the environment (bert_mp's ``quiet_libraries`` defaults, the oneDNN
   ISA cap of ``BERT_MP_CPU_MASK``) is applied to each child's environment, as the imports would have;
 - the server imports with ``quiet_libraries()`` in force, as ``bert-mp`` does before importing a
   command; ``--debug`` / ``BERT_MP_DEBUG=1`` commands run as fresh processes;
-- a server whose imports printed anything, or that holds a second thread after them (forking a
-  threaded process is unsafe), is not used: its commands run as fresh processes
-  (``BERT_MP_TEST_FORKSERVER=0`` runs every command so).
+- a server whose imports printed anything, or that holds a Python thread or an OS thread other than
+  those a fork is known to be safe with (:func:`_threads_problem`) after them, is not used: its
+  commands run as fresh processes (``BERT_MP_TEST_FORKSERVER=0`` runs every command so);
+- a command asked from a session other than the server's (a sweep started in a session of its own)
+  runs fresh: a forked child could not join the asker's process group there.
+
+What a forked command still sees otherwise than a fresh one: ``/proc/PID/cmdline`` and its parent
+(the server's); the modules, warning filters and logging set-up of every import the server made (a
+fresh run of the same commands - ``BERT_MP_TEST_FORKSERVER=0`` - is what finds an import bug); the
+server's hash seed, shared with its other children where ``PYTHONHASHSEED`` is unset (no fork can
+change a running interpreter's hash secret); ``ru_maxrss`` starting at the server's resident memory.
 
 :func:`popen` and :func:`run` take ``subprocess.Popen`` / ``subprocess.run`` arguments; a command
 line that is not ``[sys.executable, "-m", "bert_mp", ...]`` - or ``[sys.executable, SCRIPT, ...]`` for
@@ -38,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import forkchild
 
 SWITCH_ENV = "BERT_MP_TEST_FORKSERVER"
 RUNTIME_ONLY_PREFIXES = ("BERT_MP_",)
@@ -145,12 +158,9 @@ def _serve(path: str) -> None:
         printed = said.read().decode(errors="replace")
     if printed:  # first: a failure after the watch stopped the imports is its consequence
         problem = f"the imports printed: {printed[:800]!r}"
-    import threading
-
     if "deepspeed" in sys.modules and problem is None:  # its DS_ACCELERATOR would be import-time
         problem = "the imports took DeepSpeed in: DS_ACCELERATOR would be read at import"
-    if threading.active_count() > 1 and problem is None:
-        problem = f"{threading.enumerate()} after the imports: forking would copy one of them only"
+    problem = problem or _threads_problem()
     try:  # how a child's end is seen (Linux 5.3+)
         os.close(os.pidfd_open(os.getpid()))
     except (AttributeError, OSError) as e:
@@ -158,11 +168,14 @@ def _serve(path: str) -> None:
     after = dict(os.environ)
     delta = {k: v for k, v in after.items() if before.get(k) != v}
     removed = [k for k in before if k not in after]
+    keep_fds = {int(fd) for fd in os.listdir("/proc/self/fd")} - {0, 1, 2, ready.fileno()}
+    keep_fds = {fd for fd in keep_fds if _is_open(fd)}  # the listing's own descriptor is gone
     times = os.times()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    ready.write(json.dumps({"problem": problem, "cpu": times.user + times.system}) + "\n")
+    said = {"problem": problem, "cpu": times.user + times.system, "delta": delta, "removed": removed}
+    ready.write(json.dumps(said) + "\n")
     ready.flush()
     ready.close()
     null = os.open(os.devnull, os.O_RDWR)
@@ -172,13 +185,54 @@ def _serve(path: str) -> None:
         return
     import gc
 
+    rngs = forkchild.random_generators()
     gc.collect()
     gc.freeze()  # the imported objects out of the children's collections: no copy-on-write of them
-    home = (path, import_key(child_environment(before, delta, removed)), delta, removed)
-    _loop(listener, home)
+    key = import_key(child_environment(before, delta, removed))
+    home = {"path": path, "key": key, "delta": delta, "removed": removed, "sid": os.getsid(0)}
+    _loop(listener, home, keep_fds, rngs)
 
 
-def _loop(listener: socket.socket, home: tuple) -> None:
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+FORK_SAFE_THREADS = ("jemalloc_bg_thd",)
+"""OS threads a fork may leave behind (by ``/proc/self/task/*/comm``): pyarrow's jemalloc background
+thread, whose library holds every lock of its own across a fork (its ``pthread_atfork`` handlers) and
+starts the thread again in the child when needed."""
+
+
+def _threads_problem() -> str | None:
+    """Why a fork of this process could copy a thread's half-done work, or None. A fork copies the
+    calling thread only: a Python thread (or another OS thread) holding a lock would leave it locked in
+    every child. numpy's OpenBLAS starts its worker threads at import and stops them in its own
+    ``pthread_atfork`` handler (they start again when a child uses BLAS): one fork here, then what
+    is left is what every later fork meets."""
+    import threading
+
+    if threading.active_count() > 1:
+        return f"{threading.enumerate()} after the imports: forking would copy one of them only"
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    others = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != threading.get_native_id():
+            with contextlib.suppress(OSError):  # ended meanwhile
+                others.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+    unknown = [name for name in others if name not in FORK_SAFE_THREADS]
+    if unknown:
+        return f"OS threads {unknown} after the imports: forking would copy this thread only"
+    return None
+
+
+def _loop(listener: socket.socket, home: dict, keep_fds: set[int], rngs: list) -> None:
     """Accept jobs and fork them until stdin closes (the pytest worker is gone). Single-threaded: a
     pidfd per child says when to reap it, so no thread exists to be lost in a fork."""
     import selectors
@@ -209,7 +263,7 @@ def _loop(listener: socket.socket, home: tuple) -> None:
                         with contextlib.suppress(OSError):
                             os.close(pidfd)
                     sel.close()
-                    _child(job, fds, home)  # raises SystemExit, or what the command raised
+                    _child(job, fds, home, keep_fds, rngs)  # never returns
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
@@ -233,58 +287,16 @@ def _loop(listener: socket.socket, home: tuple) -> None:
                 conn.close()
 
 
-def _child(job: dict, fds: list[int], home: tuple) -> None:
-    """Become the command: its environment, folder, session and standard streams; then run it as
-    ``python -m bert_mp`` (or ``python SCRIPT``) would. Never returns: the command's SystemExit (or
-    exception) ends the interpreter the normal way (atexit handlers, thread joins, a traceback,
-    Ctrl-C's exit)."""
-    import runpy
-
+def _child(job: dict, fds: list[int], home: dict, keep_fds: set[int], rngs: list) -> None:
+    """Become the command (tests/forkchild.py): its environment (the command's, changed as the
+    server's imports changed the server's), folder, streams, signals, process group or session, then
+    run it as ``python -m bert_mp`` (or ``python SCRIPT``) would and end as the interpreter ends."""
     global _HOME
     _HOME = home
     _route_sweep_runs(None)  # a sweep's runs: forked from this server too, where their environment allows
-    _, _, delta, removed = home
-    env = child_environment(job["env"], delta, removed)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(job["cwd"])
-    if job["new_session"]:
-        os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in set(fds):
-        if fd > 2:
-            os.close(fd)
-    # standard streams as a fresh interpreter makes them (line-buffered on a terminal)
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED")) or sys.flags.unbuffered
-    enc, errs = sys.stdout.encoding, sys.stdout.errors
-    streams = (
-        io.TextIOWrapper(open(0, "rb", closefd=False), encoding=enc, errors=errs),  # noqa: SIM115
-        io.TextIOWrapper(
-            open(1, "wb", closefd=False),  # noqa: SIM115 (the process keeps its streams)
-            encoding=enc,
-            errors=errs,
-            line_buffering=os.isatty(1),
-            write_through=unbuffered,
-        ),
-        io.TextIOWrapper(
-            open(2, "wb", closefd=False),  # noqa: SIM115
-            encoding=enc,
-            errors="backslashreplace",
-            line_buffering=True,
-            write_through=unbuffered,
-        ),
-    )
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
-    if job.get("script"):  # `python SCRIPT ARGS`: its folder first on the path, as the interpreter does
-        sys.path[0] = os.path.dirname(os.path.realpath(job["script"]))
-        sys.argv = [job["script"], *job["args"]]
-        runpy.run_path(job["script"], run_name="__main__")
-        raise SystemExit(0)
-    sys.path[0] = job["cwd"]
-    sys.argv = ["-m", *job["args"]]
-    runpy.run_module("bert_mp", run_name="__main__", alter_sys=True)
-    raise SystemExit(0)
+    job["env"] = child_environment(job["env"], home["delta"], home["removed"])
+    server = sys.modules["__main__"]  # noqa: F841 (held: the command gets a __main__ of its own)
+    forkchild.become(job, fds, keep_fds, rngs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -311,6 +323,8 @@ class _Server:
         except ValueError:
             ready = {"problem": f"did not start: {Path(self.log.name).read_text()[-2000:]}", "cpu": 0.0}
         self.problem = ready["problem"]
+        self.delta, self.removed = ready.get("delta", {}), ready.get("removed", [])
+        self.sid = os.getsid(0)  # the server's: started in this process's session
         CPU_SECONDS += ready["cpu"]
         if self.problem:
             import warnings
@@ -335,16 +349,17 @@ class _Server:
 
 _SERVERS: dict[tuple, _Server] = {}
 _SEEN: set[tuple] = set()
-_HOME: tuple | None = None
+_HOME: dict | None = None
 """In a forked child: the server it came from (socket path, import key after the imports, what the
-imports set and removed). A command it starts goes to that server or runs fresh; it starts none."""
+imports set and removed, its session). A command it starts goes to that server or runs fresh; it
+starts none."""
 
 
 class _Home:
     problem = None
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, home: dict) -> None:
+        self.path, self.sid = home["path"], home["sid"]
 
 
 def _route_sweep_runs(monkeypatch: Any) -> None:
@@ -372,8 +387,8 @@ def _server(env: dict[str, str], eager: bool = False) -> _Server | None:
     second command on, and many a command in a new environment is a one-off mistake that a fresh
     process reports before importing anything."""
     if _HOME is not None:
-        path, key, delta, removed = _HOME
-        return _Home(path) if import_key(child_environment(env, delta, removed)) == key else None
+        key = import_key(child_environment(env, _HOME["delta"], _HOME["removed"]))
+        return _Home(_HOME) if key == _HOME["key"] else None
     key = import_key(env)
     if key not in _SEEN and not eager:
         _SEEN.add(key)
@@ -586,6 +601,10 @@ def popen(
     env = dict(os.environ if env is None else env)
     use = rest is not None and os.environ.get(SWITCH_ENV, "1") != "0" and env.get("BERT_MP_DEBUG") != "1"
     server = _server(env, eager=script is None and rest[:1] == ["sweep"]) if use else None
+    if server is not None and not start_new_session and os.getsid(0) != server.sid:
+        # a sweep in a session of its own (start_cli): a forked run could not join its process group
+        # (a group belongs to one session), and a killpg of the sweep must reach its runs
+        server = None
     if server is None or server.problem:
         return subprocess.Popen(
             args,
@@ -606,6 +625,8 @@ def popen(
         conn.connect(server.path)
         job = {
             "asker": os.getpid(),
+            "asker_state": forkchild.asker_state(),
+            "orig_argv": [str(a) for a in args],
             "args": rest,
             "script": script,
             "env": env,
@@ -652,9 +673,11 @@ def run(
 
 
 if __name__ == "__main__":
+    _FOLDER, _SERVER_PID = os.path.dirname(sys.argv[1]), os.getpid()
     try:
         _serve(sys.argv[1])
     finally:  # its folder goes with it, also where the worker was killed and could not close it
-        import shutil
+        if os.getpid() == _SERVER_PID:  # a child never gets here (it ends in os._exit): never in one
+            import shutil
 
-        shutil.rmtree(os.path.dirname(sys.argv[1]), ignore_errors=True)
+            shutil.rmtree(_FOLDER, ignore_errors=True)

@@ -874,3 +874,46 @@ def glue_checkpoint(folder: Path) -> Path:
     """A tiny BertForPreTraining export whose tokenizer knows the GLUE folder's words."""
     texts = [sentence(i, w) for i in range(20) for w in GLUE_WORDS]
     return make_checkpoint(folder, finetune_tokenizer(texts))
+
+
+def launch_ranks(launch: subprocess.Popen, started: list) -> dict[int, Any]:
+    """The two ranks (``RANK`` 0 and 1) under a held ``bert-mp launch``, as ``psutil.Process`` by RANK.
+    torch elastic starts each in its own session: every process found is appended to ``started``, for
+    the test to kill when it ends, however it ends."""
+    import psutil
+
+    found = {}
+    for p in psutil.Process(launch.pid).children(recursive=True):
+        started.append(p)
+        rank = p.environ().get("RANK")
+        if rank is not None and "bert_mp" in " ".join(p.cmdline()):
+            found[int(rank)] = p
+    assert sorted(found) == [0, 1], found
+    return found
+
+
+def all_ended(procs: list, timeout: float) -> bool:
+    """Whether every process in ``procs`` (anything with a ``pid``) ends within ``timeout`` seconds (a
+    pidfd each: readable once the process has exited, zombie or reaped; no polling)."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            fd = os.pidfd_open(p.pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return False
+        finally:
+            os.close(fd)
+    return True
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process ``pid`` ignores (its ``SigIgn`` mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    bits = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return {n for n in signal.valid_signals() if bits >> (n - 1) & 1}

@@ -44,6 +44,45 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def produced(summary: dict[str, Any], phase: str) -> int:
+    """How much ``phase`` measured, from summary.json (settings.ROWS): its rows; tests run; runs that
+    trained a step; BERT-large's speeds measured and its parity verdict."""
+    rows = summary.get(settings.ROWS[phase]) or {}
+    if phase == "tests":
+        return sum(rows.values())
+    if phase == "sweep":
+        return sum(1 for run in rows.values() if run.get("steps"))
+    if phase == "large":
+        speeds = [r for r in (rows.get("speed") or {}).values() if r.get("tokens_per_sec")]
+        return len(speeds) + bool(rows.get("fp8_parity"))
+    return len(rows)
+
+
+def judge(cmd_out: Path, phases: tuple[str, ...] | list[str], rc: int) -> dict[str, Any]:
+    """One command's verdict from what it left in ``cmd_out``: its files (none missing, at most
+    settings.MAX_OUT_FILES), each phase's status, seconds and rows, the inductor cache, and the phases
+    that hung: cut at their budget (``timeout``) with nothing measured. A slow machine's cut after rows
+    is a timeout with rows: the command is not ok (rc 1), and not hung."""
+    got = sorted(x.name for x in cmd_out.iterdir()) if cmd_out.exists() else []
+    want = [f"{n}.json" for n in ("install", *phases)] + ["summary.json", "summary.md", settings.LOG_NAME]
+    results = {n: read_json(cmd_out / f"{n}.json") or {} for n in ("install", *phases)}
+    statuses = {n: r.get("status") for n, r in results.items()}
+    summary = read_json(cmd_out / "summary.json") or {}
+    rows = {n: produced(summary, n) for n in phases}
+    hung = [n for n in phases if statuses[n] == "timeout" and not rows[n]]
+    missing = [w for w in want if w not in got]
+    return {
+        "phase_seconds": {n: r.get("seconds") for n, r in results.items()},
+        "statuses": statuses,
+        "rows": rows,
+        "hung": hung,
+        "cache": summary.get("inductor_cache"),
+        "files": got,
+        "missing": missing,
+        "ok": rc == 0 and not missing and not hung and len(got) <= settings.MAX_OUT_FILES,
+    }
+
+
 def rehearse(out: Path) -> int:
     """Run settings.COMMANDS as docs/gpu.md gives them, with ``--dry-run``, each as on a fresh machine.
 
@@ -80,20 +119,8 @@ def rehearse(out: Path) -> int:
             env = {**clean_env(), "PYTHON": sys.executable}
             proc = subprocess.run(argv, cwd=machine, capture_output=True, text=True, env=env)
             seconds, cpu_s = round(time.monotonic() - t, 1), round(_children_cpu() - cpu, 1)
-            got = sorted(x.name for x in cmd_out.iterdir()) if cmd_out.exists() else []
-            want = [f"{n}.json" for n in ("install", *phases)] + [
-                "summary.json",
-                "summary.md",
-                settings.LOG_NAME,
-            ]
-            missing = [w for w in want if w not in got]
-            statuses = {
-                n: (read_json(cmd_out / f"{n}.json") or {}).get("status") for n in ("install", *phases)
-            }
-            phase_s = {
-                n: (read_json(cmd_out / f"{n}.json") or {}).get("seconds") for n in ("install", *phases)
-            }
-            ok = proc.returncode == 0 and not missing and len(got) <= settings.MAX_OUT_FILES
+            judged = judge(cmd_out, phases, proc.returncode)
+            ok, got = judged["ok"], judged["files"]
             carried = cmd_out / ARCHIVE if ARCHIVE in got else carried
             record["commands"].append(
                 {
@@ -101,18 +128,16 @@ def rehearse(out: Path) -> int:
                     "rc": proc.returncode,
                     "seconds": seconds,
                     "cpu_s": cpu_s,
-                    "phase_seconds": phase_s,
-                    "statuses": statuses,
-                    "cache": ((read_json(cmd_out / "summary.json") or {}).get("inductor_cache")),
-                    "files": got,
-                    "missing": missing,
-                    "ok": ok,
+                    **judged,
                 }
             )
             record["ok"] &= ok
+            missing, hung = judged["missing"], judged["hung"]
             print(
-                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s ({cpu_s} CPU s), {statuses}"
-                + (f", MISSING {missing}" if missing else ""),
+                f"[rehearse] command {i}: {' '.join(phases)}: rc {proc.returncode}, {seconds} s ({cpu_s} CPU s), "
+                f"{judged['statuses']}, rows {judged['rows']}"
+                + (f", MISSING {missing}" if missing else "")
+                + (f", HUNG {hung} (cut at the budget with nothing measured)" if hung else ""),
                 flush=True,
             )
             if not ok:

@@ -62,6 +62,19 @@ BUDGETS_DRY = {
     "compile": 120.0,
     "sweep": 150.0,
 }
+ROWS = {
+    "levers": "levers",
+    "large": "large",
+    "ladder": "ladder",
+    "paths": "paths",
+    "tests": "tests",
+    "kernels": "kernel_check",
+    "profile": "profile",
+    "compile": "ladder_compiled",
+    "sweep": "sweep_runs",
+}
+"""Where summary.json keeps what each phase measured: a phase cut at its budget with nothing there
+produced nothing within it (a hang, or a budget no machine meets), which the rehearsal fails on."""
 DEADLINE_S = 450.0
 """One command's wall time: 7.5 minutes, under the 10-minute limit with the machine's start."""
 RESERVE_S, MIN_PHASE_S, TICK_S = 15.0, 30.0, 5.0

@@ -9,12 +9,14 @@ order - running, then signalled - holds at any machine speed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -22,10 +24,13 @@ from support import (
     LAUNCH_DATA,
     LAUNCH_MODEL,
     ROOT,
+    all_ended,
     free_port,
     hold_env,
+    ignored_signals,
     launch_env,
     launch_project,
+    launch_ranks,
     start_cli,
     wait_held,
 )
@@ -106,18 +111,34 @@ def test_two_machines_of_two_processes_train_like_one_process(project, monkeypat
 
 @pytest.mark.signals
 def test_sigterm_on_one_machine_stops_both_with_a_checkpoint_and_exit_143(project):
-    """SIGTERM reaches machine 1 only; its rank passes the stop on in the next step's all-reduce, every
-    rank saves the checkpoint together, and machine 0's rank hands the signal to its own launcher:
-    both `bert-mp launch` exit 143; machine 0 prints the stopped line. One process per machine: what
-    crosses machines is the same as with two (the layout of 2 x 2: the test above)."""
-    port, ready = free_port(), project / "held_machines"
-    hold = launch_env(**hold_env("step:2", ready))
-    first = _machine(project, 0, port, "sig", "train.max_steps=100000", env=hold, processes=2)
-    second = _machine(project, 1, port, "sig", "train.max_steps=100000", processes=2)
-    wait_held(first, ready)
-    os.kill(second.pid, signal.SIGTERM)  # a job scheduler's SIGTERM, to one machine
-    ready.unlink()  # machine 0 goes on: the stop reaches it through the all-reduced flag
-    outs = [p.communicate(timeout=600) for p in (first, second)]
+    """SIGTERM reaches machine 1 only; its ranks pass the stop on in the next step's all-reduce, every
+    rank saves the checkpoint together, and machine 0's first rank hands the signal to its own
+    launcher: both `bert-mp launch` exit 143; machine 0 prints the stopped line.
+
+    The race this drill met: machine 0's second rank exits 143 once saved, and torch elastic's agent
+    then sends SIGTERM to the first, whose stopped line is still to come. The first rank holds there
+    (``stopped``: saved, summary written, the stop passed on): it ignores SIGTERM and SIGINT by then,
+    as the real launch's environment decides, and the agent's SIGTERM - sent again here once the
+    second rank has ended, so that one surely lands in that window - leaves its line and exit."""
+    port, ready, started = free_port(), project / "held_machines", []
+    hold = launch_env(**hold_env("step:2,stopped", ready))
+    first = _machine(project, 0, port, "sig", "train.max_steps=100000", env=hold)
+    second = _machine(project, 1, port, "sig", "train.max_steps=100000")
+    try:
+        wait_held(first, ready)
+        ranks = launch_ranks(first, started)  # machine 0's: the run's ranks 0 and 1
+        os.kill(second.pid, signal.SIGTERM)  # a job scheduler's SIGTERM, to one machine
+        ready.unlink()  # machine 0 goes on: the stop reaches it through the all-reduced flag
+        wait_held(first, ready)  # rank 0 saved, wrote the summary, passed the stop on: at `stopped`
+        assert {signal.SIGTERM, signal.SIGINT} <= ignored_signals(ranks[0].pid)
+        assert all_ended([ranks[1]], timeout=300)  # exited 143: the agent's SIGTERM to rank 0 follows
+        ranks[0].send_signal(signal.SIGTERM)  # the agent's, at the latest in this window
+        ready.unlink()
+        outs = [p.communicate(timeout=600) for p in (first, second)]
+    finally:
+        for p in started:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
     assert (first.returncode, second.returncode) == (143, 143), outs
     summary = json.loads((project / "sig" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stop_reason"] == "signal SIGTERM"
@@ -125,10 +146,13 @@ def test_sigterm_on_one_machine_stops_both_with_a_checkpoint_and_exit_143(projec
     assert [p.name for p in saved] == [ckpt.checkpoint_name(summary["steps"])]
     assert ckpt.verify(saved[0]) is None
     assert sorted(p.name for p in saved[0].glob("rng_state_*")) == [
-        f"rng_state_{r}.safetensors" for r in range(2)
+        f"rng_state_{r}.safetensors" for r in range(4)
     ]
     said = [line for line in outs[0][0].splitlines() if line.startswith("bert-mp train: stopped")]
-    assert len(said) == 1 and "(signal SIGTERM; checkpoint saved)" in said[0], outs[0][0]
+    assert said == [
+        f"bert-mp train: stopped after {summary['steps']} steps (signal SIGTERM; checkpoint saved) -> sig; "
+        "continue it with the same command and train.resume=latest"
+    ], outs[0][0]
     for _, err in outs:
         assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
 

@@ -22,10 +22,12 @@ from safetensors.torch import load_file
 from support import (
     LAUNCH_DATA,
     LAUNCH_MODEL,
+    all_ended,
     free_port,
     hold_env,
     launch_env,
     launch_project,
+    launch_ranks,
     run_cli,
     start_cli,
     wait_held,
@@ -141,39 +143,6 @@ def _launch(project: Path, out: str, *extra: str, env: dict | None = None) -> su
     return start_cli(*args, f"train.output_dir={out}", *extra, cwd=project, env=env or launch_env())
 
 
-def _ranks(launch: subprocess.Popen, started: list) -> dict[int, psutil.Process]:
-    """The ranks under a held launch, by RANK (torch elastic starts each in its own session: they are
-    remembered in ``started`` and killed when the test ends, however it ends)."""
-    found = {}
-    for p in psutil.Process(launch.pid).children(recursive=True):
-        started.append(p)
-        rank = p.environ().get("RANK")
-        if rank is not None and "bert_mp" in " ".join(p.cmdline()):
-            found[int(rank)] = p
-    assert sorted(found) == [0, 1], found
-    return found
-
-
-def _ended(procs: list[psutil.Process], timeout: float) -> bool:
-    """Whether every process in ``procs`` ends within ``timeout`` seconds (a pidfd each: readable once
-    the process has exited, zombie or reaped; no polling)."""
-    import select
-    import time
-
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            fd = os.pidfd_open(p.pid)
-        except ProcessLookupError:
-            continue
-        try:
-            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                return False
-        finally:
-            os.close(fd)
-    return True
-
-
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
@@ -233,7 +202,7 @@ def test_a_killed_launcher_then_a_killed_rank_stop_cleanly_and_the_run_resumes_t
         ready = project / "held_chain"
         first = _launch(project, "chain", env=launch_env(**hold_env("step:3", ready)))
         wait_held(first, ready)
-        ranks = _ranks(first, started)
+        ranks = launch_ranks(first, started)
         before = _files(run)
         with monkeypatch.context() as m:  # `bert-mp train` (its CLI, in this process) into the live folder
             m.chdir(project)
@@ -261,14 +230,14 @@ def test_a_killed_launcher_then_a_killed_rank_stop_cleanly_and_the_run_resumes_t
             saved == ["step_00000002", "step_00000004"]
             and ckpt.verify(run / "checkpoints" / saved[-1]) is None
         )
-        assert _ended(started, timeout=120)  # they closed its stdout and now end: none trains on
+        assert all_ended(started, timeout=120)  # they closed its stdout and now end: none trains on
 
         ready = project / "held_chain_2"
         resumed = _launch(
             project, "chain", "train.resume=latest", env=launch_env(**hold_env("step:6", ready))
         )
         wait_held(resumed, ready)
-        victim = _ranks(resumed, started)[1]
+        victim = launch_ranks(resumed, started)[1]
         victim.send_signal(signal.SIGKILL)  # as the out-of-memory killer does
         ready.unlink()  # rank 0's next collective fails; torch elastic ends the launch
         _, err = resumed.communicate(timeout=300)

@@ -6,7 +6,8 @@ this test suite itself (``scripts/test.sh``) or the linters. Every command takes
 suite the training commands get the few below that shrink the corpus, the steps and the evaluation;
 ``-m slow`` runs them exactly as written (a few minutes on 2 cores, longer on a loaded machine).
 ``bash scripts/quickstart.sh`` and every line the shell must read run in bash; a plain ``bert-mp`` line
-is forked from the suite's server (:data:`PLAIN`).
+is forked from the suite's server (:data:`PLAIN`), except in the full run (``BERT_MP_TEST_FRESH=1``,
+scripts/test.sh), where every command starts fresh, as a user's would.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import forkserver
 import pytest
 from support import ROOT
 
+pytestmark = pytest.mark.fresh  # scripts/test.sh's full run starts every command fresh (tests/conftest.py)
 SKIPPED = ("scripts/test.sh", "ruff ")
 """Commands that run the suite this test is part of, or the linters: not repeated from inside it."""
 TRAINING = ("scripts/quickstart.sh", "bert-mp prepare", "bert-mp train", "bert-mp sweep")

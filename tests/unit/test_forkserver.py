@@ -7,17 +7,26 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import forkserver
 import pytest
 
+pytestmark = pytest.mark.skipif(
+    os.environ.get(forkserver.SWITCH_ENV, "1") == "0", reason=f"{forkserver.SWITCH_ENV}=0: nothing is forked"
+)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _both(args: list[str], cwd) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     cmd = [sys.executable, "-m", "bert_mp", *args]
     forkserver.server_for(ENV)
-    forked = forkserver.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forkserver.popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert isinstance(proc, forkserver.ForkedProcess), (
+        "not forked: the comparison would be fresh against fresh"
+    )
+    out, err = proc.communicate(timeout=300)
+    forked = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     fresh = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
     return forked, fresh
 
@@ -179,3 +188,22 @@ def test_only_the_repositorys_quiet_scripts_are_forked(tmp_path):
     assert loud and forkserver._script_args([sys.executable, str(loud[0]), "-h"]) is None
     assert forkserver._script_args([sys.executable, str(quiet), "-h"]) == (str(quiet), ["-h"])
     assert forkserver._script_args([sys.executable, "-c", "pass"]) is None
+
+
+def test_the_full_run_starts_the_commands_of_signals_and_readme_tests_fresh(monkeypatch):
+    """scripts/test.sh sets BERT_MP_TEST_FRESH=1: a test marked ``signals`` or ``fresh`` then runs with
+    the fork server off (tests/conftest.py); other tests, and every test without it, fork."""
+    import types
+
+    import conftest
+
+    def node(*marks: str):
+        return types.SimpleNamespace(get_closest_marker=lambda name: name if name in marks else None)
+
+    monkeypatch.setenv(conftest.FRESH_ENV, "1")
+    assert conftest.commands_fresh(node("signals")) and conftest.commands_fresh(node("fresh", "slow"))
+    assert not conftest.commands_fresh(node()) and not conftest.commands_fresh(node("slow"))
+    monkeypatch.delenv(conftest.FRESH_ENV)
+    assert not conftest.commands_fresh(node("signals"))
+    readme_test = Path(conftest.__file__).parent / "integration" / "test_readme_commands.py"
+    assert "pytestmark = pytest.mark.fresh" in readme_test.read_text()  # the README's commands

@@ -255,6 +255,7 @@ class TrainingLoop(abc.ABC):
                 self.accelerator.wait_for_everyone()
                 # a signal that reached another machine: this machine's launcher ends the same way
                 relay_stop(self.state.pending_signal, self.state.stop_reason)
+            hold("stopped")  # tests only: stop here, with the signals as the exit sees them, until released
             return summary
         return self.complete()
 

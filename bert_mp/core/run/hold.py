@@ -5,9 +5,12 @@ signal and hope the run has not finished meanwhile). With ``BERT_MP_HOLD=<point>
 ``BERT_MP_HOLD_READY=<file>`` in its environment, the command stops when it reaches ``<point>``,
 creates the ready file and waits there until a signal arrives (its handler has then run) or the
 ready file is removed. So the order - reach the point, then act - holds by construction, at any
-machine speed. Points:
+machine speed. ``BERT_MP_HOLD`` may name several points, comma-separated: the command holds at each
+it reaches, creating the ready file each time (once the test has removed it). Points:
 
 - ``step:N`` - after optimizer step N (pretraining and fine-tuning);
+- ``stopped`` - a stopped run, saved, its summary written and its stop passed on to its launcher,
+  before its stopped line (pretraining and fine-tuning);
 - ``checkpoint:N:STAGE`` - inside the write of checkpoint N (``checkpoint.WRITE_STAGES``);
 - ``prepare:paired`` - prepare, once the first block of pairs is back from the pairing workers;
 - ``tokenizer:written`` - prepare, once a trained tokenizer is written to its temporary folder.
@@ -36,7 +39,7 @@ HOLD_LIMIT_S = 600.0
 def hold(*point: object) -> None:
     """Hold here when ``BERT_MP_HOLD`` names this point (``hold("step", 8)`` is ``step:8``)."""
     want = os.environ.get(HOLD_ENV)
-    if not want or want != ":".join(str(p) for p in point):
+    if not want or ":".join(str(p) for p in point) not in want.split(","):
         return
     if os.environ.get("RANK", "0") != "0":
         return
@@ -47,7 +50,7 @@ def hold(*point: object) -> None:
     ready = Path(os.environ[READY_ENV])
     with _signal_pipe() as fd:
         tmp = ready.with_name(ready.name + ".tmp")
-        tmp.write_text(want + "\n", encoding="utf-8")
+        tmp.write_text(":".join(str(p) for p in point) + "\n", encoding="utf-8")
         tmp.replace(ready)  # the test sees the file complete or not at all
         _wait(ready, fd)
 

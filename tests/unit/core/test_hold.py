@@ -69,3 +69,28 @@ def test_a_raising_handler_ends_the_hold_with_its_exception(monkeypatch, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         hold.hold("prepare", "paired")
     t.join()
+
+
+def test_several_points_hold_at_each_listed_one(monkeypatch, tmp_path):
+    """``step:2,stopped``: the hold at step 2, released, then at ``stopped``; not at step 3."""
+    ready = tmp_path / "ready"
+    monkeypatch.setenv(hold.HOLD_ENV, "step:2,stopped")
+    monkeypatch.setenv(hold.READY_ENV, str(ready))
+    hold.hold("step", 3)
+    assert not ready.exists()
+    said = []
+    for point in (("step", 2), ("stopped",)):
+        released = threading.Thread(target=lambda: _release_once_ready(ready, said), daemon=True)
+        released.start()
+        hold.hold(*point)
+        released.join()
+    assert said == ["step:2\n", "stopped\n"]
+
+
+def _release_once_ready(ready, said: list) -> None:
+    """Remove ``ready`` once it exists (the hold began), keeping what it said."""
+    stop = threading.Event()
+    while not ready.exists():
+        stop.wait(0.005)
+    said.append(ready.read_text())
+    ready.unlink()

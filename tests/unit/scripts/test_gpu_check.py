@@ -15,6 +15,7 @@ check = load_script("gpu/check")
 child = load_script("gpu/child")
 cuda_tests = load_script("gpu/cuda_tests")
 install = load_script("gpu/install")
+rehearse = load_script("gpu/rehearse")
 settings = load_script("gpu/settings")
 summary = load_script("gpu/summary")
 sweep = load_script("gpu/sweep")
@@ -218,9 +219,14 @@ def _sandbox(tmp_path, monkeypatch):
     (tmp_path / "state").mkdir()
 
 
-def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path, monkeypatch):
+@pytest.mark.parametrize("measured", [True, False], ids=["cut-after-a-row", "hang"])
+def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows_or_hung(
+    tmp_path, monkeypatch, measured
+):
     """No install record in .gpu_site: install runs before the asked phases. A ladder cut at its
-    budget still returns (and publishes) every row its child wrote before the cut."""
+    budget still returns (and publishes) every row its child wrote before the cut, and the rehearsal's
+    verdict on the command (gpu/rehearse.py) is a slow machine's cut: not ok, not hung, its row
+    counted. The same child with no row written is a hang: the verdict names the phase."""
     _sandbox(tmp_path, monkeypatch)
     calls = []
 
@@ -235,7 +241,10 @@ def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path,
         bench = settings.STATE / "bench.json"
         # the row a child had measured before it hung: written here, before the child starts, so the
         # cut cannot come before it on a slow machine; the child stands for the hang alone
-        bench.write_text(json.dumps({"partial": True, "results": {"bert_mp_fp32": {"tokens_per_sec": 10.0}}}))
+        if measured:
+            bench.write_text(
+                json.dumps({"partial": True, "results": {"bert_mp_fp32": {"tokens_per_sec": 10.0}}})
+            )
         code = "import signal; signal.pause()"  # hangs until the budget cut signals it: no timing
         rc, _ = child.run_child(
             [sys.executable, "-c", code], args.budget, settings.STATE / "c.log", tick=lambda: None
@@ -248,14 +257,42 @@ def test_a_fresh_machine_installs_first_and_a_cut_phase_keeps_its_rows(tmp_path,
     rc = check.main([str(out), "ladder", "--budget", "ladder=3", "--deadline", "300"])
     assert rc == 1 and calls == ["install", "ladder"]
     res = json.loads((out / "ladder.json").read_text())
-    assert res["status"] == "timeout" and res["bench"]["results"]["bert_mp_fp32"]["tokens_per_sec"] == 10.0
     s = json.loads((out / "summary.json").read_text())
-    assert s["ladder"][0]["run"] == "bert_mp_fp32" and s["phases"]["ladder"] == "timeout"
+    assert res["status"] == "timeout" and s["phases"]["ladder"] == "timeout"
     assert "ladder: timeout" in (out / "gpu_check.log").read_text()
+    verdict = rehearse.judge(out, ["ladder"], rc)
+    assert not verdict["ok"] and verdict["statuses"] == {"install": "ok", "ladder": "timeout"}
+    if measured:
+        assert res["bench"]["results"]["bert_mp_fp32"]["tokens_per_sec"] == 10.0
+        assert s["ladder"][0]["run"] == "bert_mp_fp32"
+        assert verdict["hung"] == [] and verdict["rows"] == {"ladder": 1}
+    else:
+        assert verdict["hung"] == ["ladder"] and verdict["rows"] == {"ladder": 0}
     # the next command on the same machine finds the install
     calls.clear()
     check.main([str(out), "summary"])
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("phase", "summary", "rows"),
+    [
+        ("tests", {"tests": {"passed": 2, "failed": 1, "skipped": 0, "errors": 0}}, 3),
+        ("tests", {"tests": None}, 0),
+        ("sweep", {"sweep_runs": {"runs/fp32": {"steps": 4}, "runs/bf16": {"steps": 0}}}, 1),
+        (
+            "large",
+            {"large": {"setup": {}, "speed": {"bf16": {"tokens_per_sec": 5.0}}, "fp8_parity": None}},
+            1,
+        ),
+        ("large", {"large": {"setup": {"seq": 32}, "speed": {}, "fp8_parity": None}}, 0),
+        ("levers", {"levers": [{"lever": "eager"}, {"lever": "cuda_graphs"}]}, 2),
+        ("kernels", {"kernel_check": None}, 0),
+    ],
+)
+def test_what_a_phase_measured_is_counted_from_the_summary(phase, summary, rows):
+    """A sweep's run counts once it trained a step; BERT-large once a speed (or fp8's verdict) is in."""
+    assert rehearse.produced(summary, phase) == rows
 
 
 def test_out_never_gets_more_than_eight_files(tmp_path, monkeypatch):
