@@ -4,7 +4,7 @@ Each subcommand reads a YAML recipe plus dotted overrides, writes a self-describ
 and can be run alone. Problems with the user's input end in one line on stderr (exit code 2), not
 a traceback; ``--debug`` shows the traceback. Ctrl-C ends in one line too, ``interrupted (SIGINT)``
 (with what was left on disk where data was being prepared), exit code 130, with ``--debug`` as well.
-``bert-mp launch`` runs ``train`` / ``finetune`` under ``accelerate launch`` (bert_mp.core.run.launch).
+``bert-mp launch`` runs ``train`` / ``finetune`` under ``accelerate launch`` (bert_mp.launch.command).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 import warnings
 from typing import Any
 
-from bert_mp.core.run import console
-from bert_mp.core.run.noise import quiet_libraries
+from bert_mp.core.process import console, notes
+from bert_mp.core.process.noise import quiet_libraries
 from bert_mp.errors import BertMPError, BertMPWarning, Interrupted
 
 # subcommand -> (module, function, help). Modules are imported lazily so `bert-mp --help` is instant.
@@ -52,12 +52,12 @@ COMMANDS = {
         "a checkpoint (even of a stopped run) -> a Hugging Face folder",
     ),
     "launch": (
-        "bert_mp.core.run.launch",
+        "bert_mp.launch.command",
         "command",
         "accelerate launch train|finetune on N processes; Ctrl-C / SIGTERM exit 130 / 143 with one line",
     ),
     "config": (
-        "bert_mp.core.config.reference",
+        "bert_mp.config_reference",
         "command",
         "every config key with its type, default and description",
     ),
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument(
                 "--private", action="store_true", help="with --push_to_hub: create the repository private"
             )
-        elif name == "launch":  # parsed by bert_mp.core.run.launch (accelerate's options come first)
+        elif name == "launch":  # parsed by bert_mp.launch.command (accelerate's options come first)
             sp.add_argument(
                 "args", nargs=argparse.REMAINDER, help="[accelerate launch options] train|finetune ..."
             )
@@ -153,7 +153,7 @@ def _launch(argv: list[str]) -> int:
     does not see them."""
     console.set_command("launch")
     try:
-        launch = importlib.import_module("bert_mp.core.run.launch")
+        launch = importlib.import_module("bert_mp.launch.command")
         if argv[:1] not in (["-h"], ["--help"], []):  # a config mistake: one line before any process starts
             from bert_mp.core.config import load_config
 
@@ -173,7 +173,7 @@ def _check_model_references(command: str, cfg: Any) -> None:
     """Where the weights come from (``model.init_from``; ``finetune.checkpoint`` and ``.tokenizer``),
     checked before the command's libraries load: a mistyped folder or an unknown Hub name is one line at
     once, not after torch's and transformers' start-up. The command checks them again (the Hub is asked
-    once a process: bert_mp.core.run.hub)."""
+    once a process: bert_mp.model.hub)."""
     if command == "train" and cfg.model.init_from:
         from bert_mp.model.sources import check_init_from
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = ns.debug or os.environ.get("BERT_MP_DEBUG") == "1"
     console.set_command(ns.command)
     if ns.command in THREADED:
-        console.guard_stderr_under_launch()  # a rank whose launcher is killed still finishes and saves
+        notes.guard_stderr_under_launch()  # a rank whose launcher is killed still finishes and saves
     warnings.formatwarning = _format_warning
     quiet_libraries(debug)
     module_name, func_name, _ = COMMANDS[ns.command]
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         func = getattr(importlib.import_module(module_name), func_name)
         if ns.command in THREADED:
             from bert_mp.core.numerics.subnormal import flush_denormal
-            from bert_mp.core.run.conditions import apply_default_threads
+            from bert_mp.core.process.conditions import apply_default_threads
 
             apply_default_threads()
             if cfg.hardware.flush_denormal:  # before torch's thread pool starts: its threads inherit it
@@ -237,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             return int(func(ns.path, ns.out, ns.push_to_hub, ns.revision, ns.private) or 0)
         if ns.command == "config":
             return int(func(ns.selector) or 0)
-        config, overrides = split_config_args(ns.args)
+        if ns.command == "sweep":
+            return int(func(*split_config_args(ns.args)) or 0)
         kwargs = {"force": ns.force} if ns.command == "prepare" else {}
-        code = int(func(config, overrides, **kwargs) or 0)
+        code = int(func(cfg, **kwargs) or 0)  # the config loaded and checked above, once
         if ns.command in THREADED:
             console.ended(code)  # under bert-mp launch: its exit code, without torch elastic's report
         return code

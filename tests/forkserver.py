@@ -78,7 +78,7 @@ def _runtime_only(name: str) -> bool:
 def import_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """What a server is kept by: ``env`` without the variables read only at run time, with the
     defaults ``quiet_libraries()`` sets before any import (a command sets them the same way)."""
-    from bert_mp.core.run.noise import QUIET_ENV
+    from bert_mp.core.process.noise import QUIET_ENV
 
     env = {**QUIET_ENV, **env}
     return tuple(sorted((k, v) for k, v in env.items() if not _runtime_only(k)))
@@ -97,7 +97,7 @@ def child_environment(env: dict[str, str], delta: dict[str, str], removed: list[
 def _preload() -> None:
     import importlib
 
-    from bert_mp.core.run.noise import quiet_libraries
+    from bert_mp.core.process.noise import quiet_libraries
 
     quiet_libraries(False)
     import bert_mp.cli as cli

@@ -648,12 +648,12 @@ def golden_record(name: str, key: str | None, value: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# acting on a running process: hold it at a named point first (bert_mp.core.run.hold), never race it
+# acting on a running process: hold it at a named point first (bert_mp.core.process.hold), never race it
 # --------------------------------------------------------------------------------------------------
 def hold_env(point: str, ready: Path) -> dict[str, str]:
     """Environment that stops a command at ``point`` (``step:2``, ``prepare:paired``, ...) until a
     signal reaches it; ``ready`` appears once it is there."""
-    from bert_mp.core.run.hold import HOLD_ENV, READY_ENV
+    from bert_mp.core.process.hold import HOLD_ENV, READY_ENV
 
     Path(ready).unlink(missing_ok=True)
     return {HOLD_ENV: point, READY_ENV: str(ready)}
@@ -726,7 +726,7 @@ def launch_config(
     with its own rendezvous port; ``stop_at``: stop (and save) after that step. Asserts that the
     launcher exits with one of ``codes``."""
     from bert_mp.core.config import save_config
-    from bert_mp.core.run.launch import accelerate_launch
+    from bert_mp.core.process.spawn import accelerate_launch
 
     cfg_path = Path(cfg.train.output_dir).with_suffix(".yaml")
     save_config(cfg, cfg_path)
@@ -917,3 +917,40 @@ def ignored_signals(pid: int) -> set[int]:
     status = Path(f"/proc/{pid}/status").read_text()
     bits = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
     return {n for n in signal.valid_signals() if bits >> (n - 1) & 1}
+
+
+PARITY_STEPS = 200
+
+
+def _base(step: int) -> tuple[float, float]:
+    return 2.0 + 6.0 * math.exp(-step / 60), 0.45 + 0.25 * math.exp(-step / 80)
+
+
+def synthetic_rows(scale=1.0, noise=0.0, seed=0, nan_at=None, blowup_from=None, evals=(100, 200)):
+    """metrics.jsonl rows following the run-folder contract, with controlled deviations."""
+    rng = random.Random(seed)
+    rows = []
+    for step in range(1, PARITY_STEPS + 1):
+        mlm, nsp = _base(step)
+        mlm = mlm * scale * (1 + rng.gauss(0, noise))
+        nsp = nsp * scale * (1 + rng.gauss(0, noise))
+        if blowup_from is not None and step >= blowup_from:
+            mlm *= 1 + 0.05 * (step - blowup_from)
+        if nan_at is not None and step == nan_at:
+            mlm = float("nan")
+        rows.append(
+            {"step": step, "kind": "train", "loss/mlm": mlm, "loss/nsp": nsp, "loss/total": mlm + nsp}
+        )
+    for step in evals:
+        mlm, nsp = _base(step)
+        rows.append(
+            {
+                "step": step,
+                "kind": "eval",
+                "eval/loss_mlm": mlm * scale * (1 + rng.gauss(0, noise)),
+                "eval/loss_nsp": nsp * scale * (1 + rng.gauss(0, noise)),
+                "eval/accuracy_mlm": 0.3,
+                "eval/accuracy_nsp": 0.6,
+            }
+        )
+    return rows

@@ -26,9 +26,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from bert_mp.core.config import GLUE_SUITE, Config, config_from_layers, load_yaml
-from bert_mp.core.run import console
-from bert_mp.core.run.hold import hold
-from bert_mp.core.run.run_dir import hold_folder
+from bert_mp.core.process import console
+from bert_mp.core.process.hold import hold
+from bert_mp.core.process.run_dir import hold_folder
 from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
 from bert_mp.finetune.glue_args import GlueRequest
 from bert_mp.finetune.glue_data import AVERAGE_EXCLUDES, GlueTask, check_local_copy, glue_task

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.checkpoint.hf_folder import verify_export
-from bert_mp.core.run.hub import resolve_hub_model
 from bert_mp.core.storage.files import looks_like_local_path
 from bert_mp.errors import ConfigError
 from bert_mp.finetune.tasks import LabelSpace
+from bert_mp.model.hub import resolve_hub_model
 
 # Weights a classification model may legitimately lack in a pretraining checkpoint: the new head,
 # and the pooler when the checkpoint came from a model without one (e.g. BertForMaskedLM).
@@ -36,7 +36,7 @@ def resolve_checkpoint(ref: str | None) -> str:
     """A local BERT folder (a train run folder means its ``final/``) or a Hub name, checked early.
 
     A reference that looks local and is no folder fails at once; any other gets one quick question to
-    the Hub (:func:`bert_mp.core.run.hub.resolve_hub_model`), never a wait on retries. Needs no
+    the Hub (:func:`bert_mp.model.hub.resolve_hub_model`), never a wait on retries. Needs no
     model library for a local folder (the CLI calls it before the command's libraries load).
     """
     if not ref:

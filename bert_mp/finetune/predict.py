@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.checkpoint.hf_folder import verify_export
-from bert_mp.core.run.hub import resolve_hub_model
 from bert_mp.core.storage.files import atomic_write_json, looks_like_local_path
 from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.predict_args import add_arguments  # noqa: F401 (the command's arguments)
 from bert_mp.finetune.tasks import LabelSpace, TaskRecord, encode_labels, normalize_label, row_problem
+from bert_mp.model.hub import resolve_hub_model
 
 _MIN_LENGTH = 8
 """The shortest --max-seq-length (as for finetune.max_seq_length)."""

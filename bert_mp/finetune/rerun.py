@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from bert_mp.core.config import config_to_dict
-from bert_mp.core.run.run_dir import config_changes, describe_changes, holds_run
+from bert_mp.core.process.run_dir import config_changes, describe_changes, holds_run
 
 RESUME = {"resume": ["finetune.resume=latest"], "again": ["finetune.overwrite_output_dir=true"]}
 """The overrides each action adds to the fine-tune's config (``keep`` and ``fresh``: none)."""

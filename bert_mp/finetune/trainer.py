@@ -25,22 +25,14 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from bert_mp.core.checkpoint.hf_folder import finish_hf_folder
-from bert_mp.core.config import Config, load_config
-from bert_mp.core.loop.callbacks import Callback, LoopStepFacts, LossScaleMonitor, TrainContext
-from bert_mp.core.loop.checkpoint_saver import Checkpointer
+from bert_mp.core.config import Config
+from bert_mp.core.engine import gradients
+from bert_mp.core.loop.callbacks import LoopStepFacts, LossScaleMonitor, TrainContext
 from bert_mp.core.loop.epochs import epoch_order
-from bert_mp.core.loop.numerics_guard import NumericsGuard
-from bert_mp.core.loop.run_log import RunLog
 from bert_mp.core.loop.skeleton import TrainingLoop
 from bert_mp.core.loop.state import BatchGeometry, exit_code, outcome_line
-from bert_mp.core.numerics.hessian import HessianEstimator
-from bert_mp.core.numerics.optimizers import Schedule, build_optimizer, build_scheduler
-from bert_mp.core.numerics.precision import install_scaler
-from bert_mp.core.numerics.subnormal import apply_flush_denormal
-from bert_mp.core.run import console
-from bert_mp.core.run.accelerator import build_accelerator, resolve_plan
-from bert_mp.core.run.conditions import announce_start
-from bert_mp.core.run.strategy import resolve_strategy
+from bert_mp.core.numerics.optimizers import Schedule, build_scheduler
+from bert_mp.core.process import console
 from bert_mp.core.storage.disk import write_folder_atomically
 from bert_mp.errors import ConfigError, DataError
 from bert_mp.finetune.metrics import (
@@ -107,6 +99,7 @@ class FineTuner(TrainingLoop):
     ``build_classifier`` is the seam for tests that inject faults into the model."""
 
     command = "finetune"
+    warmup_key = "warmup_ratio"
     ft: FinetuneConfig
     build_classifier: ClassifierBuilder
     t_start: float
@@ -137,7 +130,7 @@ class FineTuner(TrainingLoop):
         self.build_classifier = build_classifier
         self.t_start = time.perf_counter()
 
-    # ---- set-up ------------------------------------------------------------------------------------
+    # ---- set-up: the pieces of the shared sequence (bert_mp.core.loop.setup) ----------------------
     def check_run_folder(self) -> None:
         """The shared run-folder check, then where the weights and the tokenizer come from: before the
         run folder (and a missing ``runs/`` above it) is made for its lock, which would turn a Hub
@@ -147,17 +140,15 @@ class FineTuner(TrainingLoop):
         self.ckpt = resolve_checkpoint(ft.checkpoint)
         self.tok_ref = resolve_tokenizer(ft.tokenizer) if ft.tokenizer else self.ckpt
 
-    def set_up(self) -> None:
-        """Checkpoint and precision checks first (no data work before them), then data, model, loop."""
-        from accelerate import PartialState
+    def check_inputs(self) -> None:
+        """The tokenizer against the checkpoint's config.json (vocabulary, positions): before any data work."""
         from transformers import BertConfig
 
-        ft = self.ft  # the run folder and the checkpoint were checked before (check_run_folder)
+        ft = self.ft
         self.tokenizer = load_tokenizer(self.tok_ref)
         # The length the model is trained and selected at travels with the exported tokenizer, so
         # predict and pipeline(..., truncation=True) cut where fine-tuning cut.
         self.tokenizer.model_max_length = ft.max_seq_length
-        # Architecture checks read config.json only, so a mismatch fails before any data work.
         mcfg = BertConfig.from_pretrained(self.ckpt)
         check_vocab(self.tokenizer, mcfg.vocab_size, self.ckpt, self.tok_ref)
         if ft.max_seq_length > mcfg.max_position_embeddings:
@@ -165,20 +156,25 @@ class FineTuner(TrainingLoop):
                 f"finetune.max_seq_length: {ft.max_seq_length} exceeds the checkpoint's "
                 f"{mcfg.max_position_embeddings} position embeddings; set it to at most that"
             )
-        self.plan = resolve_plan(ft, self.cfg.hardware.allow_emulated)
-        self.strategy = resolve_strategy(
-            PartialState(), ft, "finetune"
-        )  # one line if the launch cannot give it
-        apply_flush_denormal(self.cfg.hardware.flush_denormal)
-        self.conditions = announce_start(  # before the data work
-            PartialState(), "finetune", 1, self.plan, strategy=self.strategy.label()
-        )
+
+    def batch_geometry(self, processes: int) -> BatchGeometry:
+        return batch_geometry(self.ft.batch_size, processes)
+
+    def load_data(self) -> None:
+        """The task's splits with label ids, tokenised; the run's length in steps; best-model selection."""
         self.load_task()
-        model, self.loading = self.build_classifier(self.ckpt, self.labels, ft.init, ft.seed)
         self.tokenize()
-        self.accelerator = build_accelerator(self.plan, ft.output_dir, key="finetune.precision")
-        self.log = RunLog(self.accelerator, self.cfg, ft)
-        self.build_parts(model)
+        self.steps_per_epoch = math.ceil(len(self.tokenized["train"]) / self.ft.batch_size)
+        self.total_steps = self.ft.max_steps or self.ft.epochs * self.steps_per_epoch
+        self.best = BestValidation(self.ft.select_best, selection_key(self.labels.regression))
+
+    def build_model(self) -> Any:
+        model, self.loading = self.build_classifier(self.ckpt, self.labels, self.ft.init, self.ft.seed)
+        return model
+
+    def build_scheduler(self, optimizer: Any) -> Any:
+        warmup = round(self.ft.warmup_ratio * self.total_steps)
+        return build_scheduler(optimizer, Schedule(warmup, self.total_steps, warmup_from_zero=True))
 
     def load_task(self) -> None:
         """The task's splits with label ids (a regression task's: its scores); labels unseen in train
@@ -213,51 +209,44 @@ class FineTuner(TrainingLoop):
             )
             self.tokenized[split] = enc.rename_column("label_id", "labels")
 
-    def build_parts(self, model: Any) -> None:
-        """Loaders, optimizer, schedule and scaler prepared by Accelerate; guard and checkpointer."""
-        from transformers import DataCollatorWithPadding, set_seed
+    def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        """The model, optimizer and loaders prepared by Accelerate."""
+        from transformers import DataCollatorWithPadding
 
         ft, acc = self.ft, self.accelerator
-        geometry = batch_geometry(ft.batch_size, acc.num_processes)
         collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=8)
         self.sampler = EpochSampler(len(self.tokenized["train"]), ft.seed)
         # Private generators: starting a loader must not draw from the global RNG, or a resumed run's
         # dropout stream would differ from an uninterrupted one.
         train_loader = DataLoader(
             self.tokenized["train"],
-            batch_size=geometry.micro_batch,
+            batch_size=self.geometry.micro_batch,
             sampler=self.sampler,
             collate_fn=collate,
             drop_last=False,
             generator=torch.Generator(),
         )
-        eval_loaders = {
-            s: DataLoader(
-                self.tokenized[s],
-                batch_size=ft.eval_batch_size,
-                collate_fn=collate,
-                generator=torch.Generator(),
+        model, optimizer, self.train_loader = acc.prepare(model, optimizer, train_loader)
+        self.eval_loaders = {
+            s: acc.prepare(
+                DataLoader(
+                    self.tokenized[s],
+                    batch_size=ft.eval_batch_size,
+                    collate_fn=collate,
+                    generator=torch.Generator(),
+                )
             )
             for s in self.tokenized
             if s != "train" and len(self.tokenized[s])
         }
-        self.steps_per_epoch = math.ceil(len(self.tokenized["train"]) / ft.batch_size)
-        self.total_steps = ft.max_steps or ft.epochs * self.steps_per_epoch
-        model = self.plan.prepare_model(model)  # bf16_pure: bf16 weights; fp8: float8 Linears
-        optimizer = build_optimizer(model, ft, acc.device)
-        warmup = round(ft.warmup_ratio * self.total_steps)
-        self.scheduler = build_scheduler(optimizer, Schedule(warmup, self.total_steps, warmup_from_zero=True))
-        self.scaler = install_scaler(acc, self.plan)
-        self.model, self.optimizer, self.train_loader = acc.prepare(model, optimizer, train_loader)
-        self.hessian = HessianEstimator.for_optimizer(self.optimizer, ft)  # sophia only
-        self.eval_loaders = {s: acc.prepare(dl) for s, dl in eval_loaders.items()}
-        self.best = BestValidation(ft.select_best, selection_key(self.labels.regression))
-        acc.register_for_checkpointing(self.scheduler, self.best)
-        set_seed(ft.seed + acc.process_index)  # dropout streams differ per rank
-        self.callbacks: list[Callback] = [LossScaleMonitor(self.cfg)]  # the shared monitors that apply here
-        self.checkpointer = Checkpointer(acc, ft, self.total_steps, self.callbacks)
-        self.guard = NumericsGuard.for_loop(ft, self.scaler, warmup_key="warmup_ratio")
         self.batches = None
+        return model, optimizer
+
+    def checkpointed(self) -> tuple[Any, ...]:
+        return (self.best,)
+
+    def build_callbacks(self) -> list[Any]:
+        return [LossScaleMonitor(self.cfg)]  # the shared monitors that apply here
 
     def on_start(self) -> None:
         """The shared monitors learn the run's device, precision and scaler (step rows only)."""
@@ -293,7 +282,7 @@ class FineTuner(TrainingLoop):
             torch.stack([loss.detach(), torch.tensor(flag, device=loss.device)]), "sum"
         ).tolist()
         self.guard.check_loss(total_loss, s, self.save_discarding_gradients)
-        acc.backward(loss)
+        gradients.backward(acc, loss)
         lr, grad_norm, skipped = self.update(stop, (batch, targets))
         if not skipped:
             s.examples_seen += len(targets) * acc.num_processes
@@ -489,9 +478,8 @@ def run_finetune(cfg: Config, *, build_classifier: ClassifierBuilder = build_cla
     return FineTuner(cfg, build_classifier).run()
 
 
-def command(config_path: str | None, overrides: list[str]) -> int:
-    """CLI entry: ``bert-mp finetune [CONFIG.yaml] [key=value ...]``."""
-    cfg = load_config(config_path, overrides)
+def command(cfg: Config) -> int:
+    """CLI entry: ``bert-mp finetune [CONFIG.yaml] [key=value ...]`` for the config the CLI loaded."""
     s = run_finetune(cfg)
     if s["status"] != "completed":  # no final/: `bert-mp finetune ... && bert-mp predict ...` stops here
         console.show(outcome_line("finetune", s, cfg.finetune.output_dir))

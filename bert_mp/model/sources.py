@@ -2,7 +2,7 @@
 
 The CLI calls :func:`check_init_from` right after the config loads, so a mistyped folder or an unknown
 Hub name is one line at once rather than after the model libraries' start-up; the trainer calls it
-again (answered from the same process's memory, :mod:`bert_mp.core.run.hub`).
+again (answered from the same process's memory, :mod:`bert_mp.model.hub`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from bert_mp.errors import ConfigError
 def check_init_from(model_cfg: ModelConfig) -> str | None:
     """What ``model.init_from`` loads: a local folder, or a Hub name asked about once (its cached copy
     where the Hub is out of reach). A local-looking path that is no folder fails at once."""
-    from bert_mp.core.run.hub import resolve_hub_model
     from bert_mp.core.storage.files import looks_like_local_path
+    from bert_mp.model.hub import resolve_hub_model
 
     source = model_cfg.init_from
     if not source:

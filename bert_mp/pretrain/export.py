@@ -189,7 +189,7 @@ def _checkpoint_model(folder: Path, model: Any) -> Any:
     """``model`` with the weights of a verified checkpoint's ``model.safetensors`` (keys HF-native), or
     of its FSDP shards (``sharded/``, gathered in this process)."""
     from bert_mp.core.checkpoint.state_codec import StateFileError, read_safetensors
-    from bert_mp.core.run.sharding import SHARDED_DIR, read_model
+    from bert_mp.core.engine.sharding import SHARDED_DIR, read_model
 
     if (folder / SHARDED_DIR).is_dir():
         try:

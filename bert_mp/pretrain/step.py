@@ -8,13 +8,12 @@ one k-times larger batch.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
-from bert_mp.core.run.distributed import backward_kwargs, set_micro_batch_boundary
+from bert_mp.core.engine import gradients
 from bert_mp.model.bert import drop_full_attention_mask, mark_step
 from bert_mp.pretrain.monitors import LossSums, attention_flops_tokens
 
@@ -98,15 +97,13 @@ def forward_backward(
     for i, batch in enumerate(micro):
         batch = drop_full_attention_mask(batch)  # no mask at all lets SDPA pick its flash kernel
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        sync = i == len(micro) - 1
-        set_micro_batch_boundary(accelerator, sync)
-        with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+        with gradients.micro_batch(accelerator, model, last=i == len(micro) - 1):
             mark_step()  # CUDA graphs: the last replay's outputs were consumed (the sums below copy them)
             with plan.autocast():
                 o = model(**batch)
             # x world: DDP averages gradients over ranks, the normalisers are already global
             loss = world * (o["mlm_loss_sum"] / n_masked + o["nsp_loss_sum"] / n_seqs)
-            accelerator.backward(loss, **backward_kwargs(accelerator))
+            gradients.backward(accelerator, loss)
         sums += torch.stack([o[k].detach().float() for k in SUM_KEYS])
     masks = [b["attention_mask"] for b in micro]
     figures = dict(zip(SUM_KEYS, sums))

@@ -5,7 +5,7 @@ common fields - is :class:`bert_mp.core.loop.skeleton.TrainingLoop`; :class:`Tra
 pretraining's parts: set-up (data, model, callbacks), the loader, the step (:mod:`.step`), the
 device-side step metrics and their flush, evaluation, and the end of a finished run (final
 evaluation, save, export). The shared core objects: the accelerator and precision plan
-(:mod:`bert_mp.core.run.accelerator`), the numerics guard (:mod:`bert_mp.core.loop.numerics_guard`), the run log
+(:mod:`bert_mp.core.engine.accelerator`), the numerics guard (:mod:`bert_mp.core.loop.numerics_guard`), the run log
 (:mod:`bert_mp.core.loop.run_log`) and the checkpointer, which knows when to save
 (:mod:`bert_mp.core.loop.checkpoint_saver`).
 
@@ -33,10 +33,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from bert_mp.core.checkpoint import store as ckpt
-from bert_mp.core.config import Config, load_config
-from bert_mp.core.loop.checkpoint_saver import Checkpointer
-from bert_mp.core.loop.numerics_guard import NumericsGuard
-from bert_mp.core.loop.run_log import RunLog, clean
+from bert_mp.core.config import Config
+from bert_mp.core.engine.distributed import configure_deepspeed, configure_fsdp
+from bert_mp.core.loop.run_log import clean
 from bert_mp.core.loop.skeleton import TrainingLoop
 from bert_mp.core.loop.state import (  # the exit codes are re-exported: `bert-mp train`'s own
     STOP_EXIT_CODES,  # noqa: F401
@@ -45,24 +44,15 @@ from bert_mp.core.loop.state import (  # the exit codes are re-exported: `bert-m
     exit_code,
     outcome_line,
 )
-from bert_mp.core.numerics.hessian import HessianEstimator
-from bert_mp.core.numerics.optimizers import build_optimizer, build_scheduler, describe_optimizer
-from bert_mp.core.numerics.precision import install_scaler
+from bert_mp.core.numerics.optimizers import build_scheduler, describe_optimizer
 from bert_mp.core.numerics.step_scalars import DeviceStepMetrics
-from bert_mp.core.numerics.subnormal import apply_flush_denormal
-from bert_mp.core.run import console
-from bert_mp.core.run.accelerator import build_accelerator, resolve_plan
-from bert_mp.core.run.conditions import announce_start
-from bert_mp.core.run.device_feed import loader_kwargs
-from bert_mp.core.run.distributed import configure_deepspeed, configure_fsdp
-from bert_mp.core.run.strategy import Strategy, prepare_parts, resolve_strategy, shard
+from bert_mp.core.process import console
 from bert_mp.data.fingerprint import same_data
 from bert_mp.errors import DataError
 from bert_mp.model.attention import resolve_attention_kernel
 from bert_mp.model.bert import (
     PretrainingModel,
     build_model,
-    check_init_from,
     compile_counters,
     compile_model,
     drop_full_attention_mask,
@@ -71,10 +61,11 @@ from bert_mp.model.bert import (
 )
 from bert_mp.model.dropout import install_fast_dropout, resolve_dropout_impl
 from bert_mp.pretrain.batches import IndexedSplit, MicroBatchSampler, TokenBudgetSampler, example_lengths
+from bert_mp.pretrain.data_check import check_resume_data, data_change_error
+from bert_mp.pretrain.device_feed import loader_kwargs
 from bert_mp.pretrain.evaluate import evaluate
 from bert_mp.pretrain.export import pretraining_facts
 from bert_mp.pretrain.monitors import PretrainContext, StepFacts, build_callbacks
-from bert_mp.pretrain.run_guard import check_output_dir, data_change_error
 from bert_mp.pretrain.step import StepTotals, device_scalar, forward_backward
 
 if TYPE_CHECKING:
@@ -111,15 +102,13 @@ class Trainer(TrainingLoop):
     tc: TrainConfig
     data: PreparedData | None
     """The prepared data; None until :meth:`load_data` prepares (or reuses) it from the config."""
-    build_model: ModelBuilder
-    geometry: BatchGeometry
+    warmup_key = "warmup_steps"
+    model_factory: ModelBuilder
     train_ds: Any
     val_ds: Any
     dropout_impl: str
     inner: Any
     """The unwrapped ``BertForPreTraining`` (its config and parameter counts)."""
-    strategy: Strategy
-    """The distributed strategy in force (start-up line, summary.json)."""
     counts: dict[str, int]
     sync_each_step: bool
     """Read the step's totals every step (``train.metrics_sync``) rather than at log points."""
@@ -136,32 +125,19 @@ class Trainer(TrainingLoop):
     def __init__(self, cfg: Config, data: Any = None, build_model: ModelBuilder = build_model):
         super().__init__(cfg, cfg.train)
         self.tc, self.data = cfg.train, data
-        self.build_model = build_model
+        self.model_factory = build_model
+        self.total_steps = self.final_eval_step = cfg.train.max_steps
 
-    # ---- set-up ------------------------------------------------------------------------------------
-    def set_up(self) -> None:
-        """Accelerator, batch geometry and data, then model, optimizer and scheduler."""
-        tc = self.tc  # the run folder was checked before any work (check_run_folder)
-        self.total_steps = self.final_eval_step = tc.max_steps
-        self.plan = resolve_plan(tc, self.cfg.hardware.allow_emulated)
-        apply_flush_denormal(self.cfg.hardware.flush_denormal)
-        self.accelerator = build_accelerator(self.plan, tc.output_dir, tc.log_with)
-        world = self.accelerator.num_processes
-        self.geometry = BatchGeometry.build(
+    # ---- set-up: the pieces of the shared sequence (bert_mp.core.loop.setup) ----------------------
+    def batch_geometry(self, processes: int) -> BatchGeometry:
+        tc = self.tc
+        return BatchGeometry.build(
             tc.global_batch_size,
             tc.micro_batch_size,
-            world,
+            processes,
             "train.global_batch_size",
             "train.micro_batch_size",
         )
-        # before any work: a strategy the launch cannot give is one line
-        self.strategy = resolve_strategy(self.accelerator, tc, "train")
-        self.conditions = announce_start(
-            self.accelerator, "train", self.geometry.accumulation, self.plan, strategy=self.strategy.label()
-        )
-        self.load_data()
-        self.log = RunLog(self.accelerator, self.cfg, tc, tc.log_with)
-        self.build_parts()
 
     def load_data(self) -> None:
         if (
@@ -195,30 +171,29 @@ class Trainer(TrainingLoop):
                 for folder in self.data.stats.get("shares") or [self.data.path]:
                     console.say(verify_prepared(folder), command="train")
 
-    def build_parts(self) -> None:
-        """Model (seeded), optimizer, scheduler and scaler, prepared by Accelerate."""
-        from accelerate.utils import set_seed
-
-        cfg, tc, acc, stats = self.cfg, self.tc, self.accelerator, self.data.stats
-        set_seed(tc.seed)
-        model = self.build_model(
-            cfg.model,
+    def build_model(self) -> Any:
+        stats, tokenizer = self.data.stats, self.data.tokenizer
+        return self.model_factory(
+            self.cfg.model,
             vocab_size=int(stats["model_vocab_size"]),
-            tokenizer_size=int(stats.get("tokenizer_size", len(self.data.tokenizer))),
-            max_seq_length=int(stats.get("max_seq_length", cfg.data.max_seq_length)),
-            pad_token_id=int(self.data.tokenizer.pad_token_id or 0),
+            tokenizer_size=int(stats.get("tokenizer_size", len(tokenizer))),
+            max_seq_length=int(stats.get("max_seq_length", self.cfg.data.max_seq_length)),
+            pad_token_id=int(tokenizer.pad_token_id or 0),
         )
-        model = self.plan.prepare_model(model)  # bf16_pure: bf16 weights; fp8: float8 Linears
-        self.dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, acc.device, tc.compile != "none")
+
+    def wrap_model(self, model: Any) -> Any:
+        """Fast dropout, the masked-only MLM head and attention kernel, compiled where asked."""
+        cfg, tc, device = self.cfg, self.tc, self.accelerator.device
+        self.dropout_impl = resolve_dropout_impl(cfg.model.dropout_impl, device, tc.compile != "none")
         if self.dropout_impl == "fast":
             install_fast_dropout(model)
         self.inner, self.counts = model, parameter_counts(model)
         wrapped = PretrainingModel(
             model,
             cfg.model.sparse_mlm_head,
-            max_predictions_per_seq=static_mask_cap(cfg.data, acc.device),
+            max_predictions_per_seq=static_mask_cap(cfg.data, device),
             unpad=cfg.model.unpad,
-            attention_kernel=resolve_attention_kernel(cfg.model.attention_kernel, acc.device),
+            attention_kernel=resolve_attention_kernel(cfg.model.attention_kernel, device),
             token_budget=cfg.data.token_budget,
         )
         if tc.compile != "none":
@@ -227,32 +202,32 @@ class Trainer(TrainingLoop):
             prepare_for_compile(wrapped, cfg.data)  # fixed-size gathers, bucketed streams: bounded graphs
         self.compile_start = compile_counters()  # this run's graphs and breaks: the difference at its end
         # on CPU, inductor's scatter-adds run in a fixed order, so compiled runs resume bit-identically
-        wrapped = compile_model(
-            wrapped, tc.compile, deterministic=acc.device.type == "cpu", compile_mode=tc.compile_mode
+        return compile_model(
+            wrapped, tc.compile, deterministic=device.type == "cpu", compile_mode=tc.compile_mode
         )
-        # FSDP on a CPU launch: bert_mp's fully_shard, before the optimizer sees the parameters
-        wrapped = shard(self.strategy, wrapped)
-        optimizer = build_optimizer(wrapped, tc, acc.device)
-        self.scheduler = build_scheduler(optimizer, tc)
-        self.scaler = install_scaler(acc, self.plan)
-        configure_deepspeed(acc, cfg, self.geometry.accumulation)  # explicit batch sizes, fp32 weights
-        configure_fsdp(acc)  # fp32 sharded parameters and reductions, autocast for 16-bit math
-        self.model, self.optimizer = prepare_parts(acc, wrapped, optimizer)
-        self.hessian = HessianEstimator.for_optimizer(self.optimizer, tc)  # sophia only
-        # The scheduler is stepped by hand (only after a real optimizer step, once per global batch),
-        # so it is not prepared - only registered for checkpointing.
-        acc.register_for_checkpointing(self.scheduler)
-        set_seed(tc.seed + acc.process_index)  # dropout streams differ per rank
-        self.callbacks = build_callbacks(cfg)
-        self.checkpointer = Checkpointer(acc, tc, tc.max_steps, self.callbacks)
-        self.checkpointer.meta = {"data_fingerprint": self.data.stats.get("fingerprint")}
-        self.guard = NumericsGuard.for_loop(tc, self.scaler, warmup_key="warmup_steps")
-        self.sync_each_step = syncs_each_step(tc.metrics_sync, acc.device)
+
+    def build_scheduler(self, optimizer: Any) -> Any:
+        return build_scheduler(optimizer, self.tc)
+
+    def configure_engine(self) -> None:
+        configure_deepspeed(self.accelerator, self.cfg, self.geometry.accumulation)  # explicit batch sizes
+        configure_fsdp(self.accelerator)  # fp32 sharded parameters and reductions, autocast for 16-bit math
+
+    def build_callbacks(self) -> list[Any]:
+        """``train.callbacks``; then the data the checkpoints record and the step metrics' buffer."""
+        tc = self.tc
+        self.sync_each_step = syncs_each_step(tc.metrics_sync, self.accelerator.device)
         self.pending = DeviceStepMetrics(keys=(*StepTotals.names(), "grad_norm"), log_every=tc.log_every)
+        return build_callbacks(self.cfg)
+
+    def set_up(self) -> None:
+        super().set_up()
+        self.checkpointer.meta = {"data_fingerprint": self.data.stats.get("fingerprint")}
 
     def check_run_folder(self) -> None:
         """The shared run-folder check, then: a resume onto rebuilt prepared data is refused."""
-        self.config_changes = check_output_dir(self.cfg, self.tc)
+        super().check_run_folder()
+        check_resume_data(self.cfg, self.tc)
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:
@@ -553,10 +528,8 @@ def train(cfg: Config, data: Any = None, *, build_model: ModelBuilder = build_mo
     return Trainer(cfg, data, build_model=build_model).run()
 
 
-def command(config_path: str | None, overrides: list[str]) -> int:
-    """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]``."""
-    cfg = load_config(config_path, overrides)
-    check_init_from(cfg.model)  # before any data work
+def command(cfg: Config) -> int:
+    """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]`` for the config the CLI loaded and checked."""
     if cfg.train.resume:
         ckpt.resolve_resume(cfg.train.resume, Path(cfg.train.output_dir) / "checkpoints", quiet=True)
     summary = train(cfg)

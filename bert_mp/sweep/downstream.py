@@ -7,7 +7,7 @@ processes with one recipe - the sweep's finetune section, its precision included
 every precision. A fine-tune that completed (with the same config, from the same checkpoint) is kept
 when the sweep runs again; one that was stopped resumes from its checkpoint.
 
-The verdict uses the loss verdict's rule and words (:func:`bert_mp.core.loop.parity.check_deviation`):
+The verdict uses the loss verdict's rule and words (:func:`bert_mp.sweep.parity.check_deviation`):
 per task, a metric (GLUE's figure for a GLUE task - F1 for MRPC / QQP, MCC for CoLA, Spearman for
 STS-B, accuracy elsewhere -, macro-F1 otherwise; on the test split where the task has one, else on
 validation) is averaged over the fine-tune seeds; the candidate's mean is compared with the fp32
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.config import Config, load_config
-from bert_mp.core.loop import parity
 from bert_mp.finetune.rerun import RESUME, folder_action
+from bert_mp.sweep import parity
 from bert_mp.sweep.record import FINAL_STATUSES, DownstreamEntry, FinetuneSummary, RunEntry
 
 DOWNSTREAM_DIR = "downstream"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.loop import parity
+from bert_mp.sweep import parity
 from bert_mp.sweep.document import Block, Image, Table, fmt, pct
 from bert_mp.sweep.downstream import Cell, metric_of, task_slug, task_verdicts
 from bert_mp.sweep.record import FinetuneSummary, SweepRecord

@@ -1,6 +1,6 @@
 """Whether two runs of a sweep were measured under the same conditions, so their speeds compare.
 
-Each run's ``summary.json`` holds its ``conditions`` (:mod:`bert_mp.core.run.conditions`). A speed-up
+Each run's ``summary.json`` holds its ``conditions`` (:mod:`bert_mp.core.process.conditions`). A speed-up
 is quoted only between runs whose threads, processes, CPU / GPU and machine load match: a run slowed
 by another job (or by more threads than cores) would otherwise make every other precision look
 faster than it is.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.loop import parity
+from bert_mp.sweep import parity
 from bert_mp.sweep.record import RunSummary
 from bert_mp.sweep.results import GroupResult, Run
 

@@ -178,10 +178,10 @@ class RunSummary:
     parity: dict[str, Any] | None = None
     conditions: dict[str, Any] | None = None
     """Threads, processes, cores, load and devices the run was measured under (None: written before
-    bert_mp recorded them); see :mod:`bert_mp.core.run.conditions`."""
+    bert_mp recorded them); see :mod:`bert_mp.core.process.conditions`."""
     strategy: dict[str, Any] | None = None
     """The distributed strategy the run was under (single, DDP, FSDP, DeepSpeed; what it shards; None:
-    written before bert_mp recorded it); see :mod:`bert_mp.core.run.strategy`."""
+    written before bert_mp recorded it); see :mod:`bert_mp.core.engine.strategy`."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole file, for the fields the report passes through unread."""
 

@@ -16,9 +16,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.loop import parity
 from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
-from bert_mp.sweep import diagnostics, downstream_report, grid, speed
+from bert_mp.sweep import diagnostics, downstream_report, grid, parity, speed
 from bert_mp.sweep.document import Block, Image, Table, fmt, mib, pct, to_html, to_markdown
 from bert_mp.sweep.plots import plot_group
 from bert_mp.sweep.record import RunSummary, SweepRecord

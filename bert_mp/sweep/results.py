@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.config import SweepConfig
-from bert_mp.core.loop import parity
 from bert_mp.core.storage.files import read_jsonl
-from bert_mp.sweep import diagnostics
+from bert_mp.pretrain.parity_monitor import Curves, curves_from_rows
+from bert_mp.sweep import diagnostics, parity
 from bert_mp.sweep.record import RunEntry, RunSummary, SweepRecord, strict_record
 
 
@@ -44,8 +44,8 @@ class Run:
         return self.summary.status if self.summary is not None else self.entry.status
 
     @cached_property
-    def curves(self) -> parity.Curves:
-        return parity.curves_from_rows(self.rows)
+    def curves(self) -> Curves:
+        return curves_from_rows(self.rows)
 
     @cached_property
     def fp16_health(self) -> dict[str, Any] | None:

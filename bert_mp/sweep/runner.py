@@ -36,8 +36,8 @@ from bert_mp.core.config import (
     load_yaml,
     save_config,
 )
-from bert_mp.core.run.launch import accelerate_launch, launcher_env
-from bert_mp.core.run.run_dir import config_changes, describe_changes, hold_folder
+from bert_mp.core.process.run_dir import config_changes, describe_changes, hold_folder
+from bert_mp.core.process.spawn import accelerate_launch, launcher_env
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.sweep.record import (

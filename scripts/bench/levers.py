@@ -29,7 +29,7 @@ kernels' time (launch gaps, host work the device waits for).
 ``--large``: BERT-large at seq 512 on packed rows (``data.pack_pairs``, unpadded), bf16 and fp8
 (torchao float8), speed rows, then ``--large-steps`` steps of bf16 with two seeds and fp8 with the
 first, and fp8's parity verdict against bf16 with the bf16 seed spread as tolerance (the sweep's
-rules: ``bert_mp.core.loop.parity``).
+rules: ``bert_mp.sweep.parity``).
 """
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ def large(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None
 def parity(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, report: dict, out: Path) -> dict:
     """``--large-steps`` steps each of bf16 (seeds 1, 2) and fp8 (seed 1); fp8's verdict against bf16."""
     from bench.harness import bench_bert_mp
-    from bert_mp.core.loop.parity import VerdictRules, load_curves, verdict
+    from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
 
     runs = {"bf16": ("bf16", 1), "bf16_seed2": ("bf16", 2), "fp8": ("fp8", 1)}
     bargs = _bench_args(args, args.large_preset, args.large_steps, 0, args.large_seq, args.large_micro_batch)

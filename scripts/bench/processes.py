@@ -30,7 +30,7 @@ from drills.fault import DrillSpec, child_env, drill_config, prepare_builtin  # 
 
 from bench.harness import write_report  # noqa: E402
 from bert_mp.core.config import save_config
-from bert_mp.core.run.launch import accelerate_launch
+from bert_mp.core.process.spawn import accelerate_launch
 from bert_mp.core.storage.files import read_jsonl
 
 ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "cpu_multiprocess.yaml"

@@ -39,7 +39,7 @@ from safetensors.torch import load_file
 
 from bert_mp.core.checkpoint import store as ckpt
 from bert_mp.core.config import Config, load_config, save_config
-from bert_mp.core.run import hold
+from bert_mp.core.process import hold
 from bert_mp.core.storage.files import read_jsonl
 from bert_mp.pretrain import trainer as train_mod
 
@@ -239,7 +239,7 @@ def wait_held(proc: subprocess.Popen, ready: Path) -> bool:
 
 
 def hold_point(rec: KillRecord) -> str:
-    """Where the process holds for ``rec``'s signal (:mod:`bert_mp.core.run.hold`): inside the write of
+    """Where the process holds for ``rec``'s signal (:mod:`bert_mp.core.process.hold`): inside the write of
     checkpoint ``target`` at ``stage``, or after step ``target``."""
     if rec.aim == "write":
         return f"checkpoint:{rec.target}:{rec.stage}"

@@ -32,7 +32,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: its rooms import as packages
 from bench.harness import machine_record, write_report  # noqa: E402
 
-from bert_mp.core.run import hold  # noqa: E402
+from bert_mp.core.process import hold  # noqa: E402
 from drills.fault import child_env, wait_held  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"

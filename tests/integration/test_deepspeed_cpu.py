@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-1 and ZeRO-2 on CPU: through Accelerate, over gloo (DeepSpeed's CPU accelerator).
 
 Accelerate drops DeepSpeed for ``cpu=True``; bert_mp starts it with ``cpu=False`` and the gloo backend
-(``bert_mp/core/run/strategy.py``), so the engine shards as on GPUs. Two processes under
+(``bert_mp/core/engine/strategy.py``), so the engine shards as on GPUs. Two processes under
 ``configs/accelerate/deepspeed_zero2.yaml`` (``--zero_stage 1`` for ZeRO-1) give one process's losses,
 gradient norms (the engine's, measured before its clipping) and exported weights for the same global
 batch; each rank writes its own partition of the optimizer state; the run states its strategy.

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from support import ROOT, launch_config, make_prepared, run_config, tiny_config
 
 from bert_mp.core.checkpoint import store as ckpt
-from bert_mp.core.run.sharding import SHARDED_DIR
+from bert_mp.core.engine.sharding import SHARDED_DIR
 from bert_mp.core.storage.files import read_jsonl
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")

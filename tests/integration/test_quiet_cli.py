@@ -62,7 +62,7 @@ def test_finetune_shows_its_own_lines_only_and_the_rest_under_debug(tmp_path, ck
 
 PROFILE = """
 import sys
-from bert_mp.core.run.noise import quiet_libraries
+from bert_mp.core.process.noise import quiet_libraries
 quiet_libraries(debug=sys.argv[1] == "debug")
 import torch
 from torch.profiler import ProfilerActivity, profile

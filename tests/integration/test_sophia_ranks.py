@@ -12,7 +12,7 @@ import torch
 from support import free_port, fresh_process_main, make_prepared, tiny_config
 
 from bert_mp.core.config import save_config
-from bert_mp.core.run.launch import accelerate_launch
+from bert_mp.core.process.spawn import accelerate_launch
 
 pytest.importorskip("pytorch_optimizer")
 

@@ -45,10 +45,10 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
     import torch
 
     from bert_mp.cli import main
-    from bert_mp.core.loop.parity import VerdictRules, load_curves, verdict
     from bert_mp.core.numerics import precision
-    from bert_mp.core.run import conditions
+    from bert_mp.core.process import conditions
     from bert_mp.errors import HardwareError
+    from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
 
     real = precision.resolve_precision
 

@@ -142,7 +142,7 @@ def test_a_server_removes_its_folder_when_it_ends_even_without_its_worker(tmp_pa
     assert not folder.exists()
 
 
-PROBE = """from bert_mp.core.run.noise import quiet_libraries
+PROBE = """from bert_mp.core.process.noise import quiet_libraries
 
 quiet_libraries()
 import json, sys

@@ -70,7 +70,7 @@ STATE = {
 }
 os.umask(STATE["umask"])
 
-from bert_mp.core.run.noise import quiet_libraries
+from bert_mp.core.process.noise import quiet_libraries
 
 quiet_libraries()
 mode = sys.argv[1] if len(sys.argv) > 1 else ""

@@ -16,7 +16,7 @@ state dict; a tied weight stored once, as Accelerate does), ``optimizer.safetens
 Under DeepSpeed and FSDP the model and optimizer shards are the engine's own files, saved and loaded
 by the engine through Accelerate's helpers (docs/reliability.md says what that trusts); the rest is
 written here as above. Under bert_mp's own FSDP2 wrap (CPU launches) they are safetensors shards
-written by ``torch.distributed.checkpoint`` (:mod:`bert_mp.core.run.sharding`), pickle-free as well. Checkpoints from before this layout (``optimizer.bin``, ``*.pkl``,
+written by ``torch.distributed.checkpoint`` (:mod:`bert_mp.core.engine.sharding`), pickle-free as well. Checkpoints from before this layout (``optimizer.bin``, ``*.pkl``,
 ``scaler.pt``) are read with ``torch.load(weights_only=True)`` and only the NumPy types an RNG state
 needs allowed (:func:`read_state` with ``legacy=True``).
 """
@@ -292,7 +292,7 @@ def rng_file(rank: int) -> str:
 def engine(accelerator: Any) -> str | None:
     """``deepspeed`` / ``fsdp`` when a sharded engine owns the model and optimizer, ``fully_shard`` for
     bert_mp's own FSDP2 wrap (CPU launches), else None."""
-    from bert_mp.core.run.sharding import is_sharded
+    from bert_mp.core.engine.sharding import is_sharded
 
     kind = str(getattr(accelerator, "distributed_type", "")).upper()
     if kind.endswith("DEEPSPEED"):
@@ -315,7 +315,7 @@ def write_state(accelerator: Any, folder: Path) -> dict[str, dict]:
     folder, entries = Path(folder), {}
     eng = engine(accelerator)
     if eng == "fully_shard":
-        from bert_mp.core.run.sharding import GROUPS_FILE, save_sharded
+        from bert_mp.core.engine.sharding import GROUPS_FILE, save_sharded
 
         groups = save_sharded(accelerator._models[0], accelerator._optimizers[0], folder)
         if accelerator.is_main_process:
@@ -377,7 +377,7 @@ def read_state(accelerator: Any, folder: Path, files: set[str], legacy: bool = F
     elif eng:
         _engine_io(accelerator, folder, eng, save=False)
     else:
-        from bert_mp.core.run.sharding import SHARDED_DIR
+        from bert_mp.core.engine.sharding import SHARDED_DIR
 
         if (folder / SHARDED_DIR).is_dir():
             raise StateFileError(
@@ -412,7 +412,7 @@ def read_state(accelerator: Any, folder: Path, files: set[str], legacy: bool = F
 
 def _read_sharded(accelerator: Any, folder: Path) -> None:
     """The model and optimizer of bert_mp's FSDP2 wrap, from the checkpoint's ``sharded/`` folder."""
-    from bert_mp.core.run.sharding import GROUPS_FILE, SHARDED_DIR, load_sharded
+    from bert_mp.core.engine.sharding import GROUPS_FILE, SHARDED_DIR, load_sharded
 
     if not (folder / SHARDED_DIR).is_dir():
         raise StateFileError(

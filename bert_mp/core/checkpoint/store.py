@@ -25,8 +25,8 @@ import torch
 
 from bert_mp.core.checkpoint import state_codec as state_io
 from bert_mp.core.checkpoint.hf_folder import CHECKSUMS, finish_hf_folder
-from bert_mp.core.run import console
-from bert_mp.core.run.hold import hold
+from bert_mp.core.process import notes
+from bert_mp.core.process.hold import hold
 from bert_mp.core.storage import checksums as integrity
 from bert_mp.core.storage import disk as storage
 from bert_mp.errors import BertMPWarning, TrainingError
@@ -40,7 +40,7 @@ _NAME = re.compile(r"^step_(\d{8})$")
 WRITE_STAGES = ("empty", "state", "loop_state", "marker")
 """Points inside a write: folder created; model/optimizer/RNG saved; loop_state.json; marker, not renamed.
 A drill holds the write of checkpoint N at one of them with ``BERT_MP_HOLD=checkpoint:N:STAGE``
-(:mod:`bert_mp.core.run.hold`), so that its SIGKILL lands inside the write by construction."""
+(:mod:`bert_mp.core.process.hold`), so that its SIGKILL lands inside the write by construction."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -251,7 +251,7 @@ def _finish_folder(
     os.replace(tmp, final)
     _fsync_dir(final.parent)
     integrity.remember(final, MARKER)
-    console.tell_launcher(console.CHECKPOINT_NOTE, final)  # named if a rank dies later
+    notes.tell_launcher(notes.CHECKPOINT_NOTE, final)  # named if a rank dies later
     rotate(final.parent, total_limit)
 
 
@@ -319,7 +319,7 @@ def export_pretrained(
     gathered (FSDP / DeepSpeed safe) and the ``model.`` prefix stripped so keys are HF-native. A failing
     write removes the partial folder and raises :class:`bert_mp.errors.StorageError`.
     """
-    from bert_mp.core.run.sharding import full_model_state, is_sharded, without_aliases
+    from bert_mp.core.engine.sharding import full_model_state, is_sharded, without_aliases
 
     out_dir = Path(out_dir)
     # bert_mp's FSDP2 wrap (CPU): its own gather of the shards; engines through Accelerate: Accelerate's

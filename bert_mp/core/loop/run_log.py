@@ -12,7 +12,7 @@ from typing import Any
 
 from bert_mp.core.config import config_to_dict, save_config
 from bert_mp.core.loop.callbacks import finite_or_none
-from bert_mp.core.run.run_dir import clear_run
+from bert_mp.core.process.run_dir import clear_run
 from bert_mp.core.storage.files import JsonlWriter, atomic_write_json, read_jsonl
 from bert_mp.errors import BertMPError, BertMPWarning
 
@@ -50,7 +50,7 @@ class RunLog:
     def write_config(self) -> None:
         """config.yaml: the resolved config, after the restore and before any step, so a refused
         resume leaves the old one (an old run is cleared first when the section says
-        ``overwrite_output_dir``; :func:`bert_mp.core.run.run_dir.check_output_dir` has refused every
+        ``overwrite_output_dir``; :func:`bert_mp.core.process.run_dir.check_output_dir` has refused every
         other reuse of the folder)."""
         if self.main:
             if self.section.overwrite_output_dir and not self.section.resume:

@@ -13,8 +13,9 @@
 - saving (plain, or discarding the gradients of a step whose loss is not finite), the stopped end
   (close the bar, save, ``stopped``) and summary.json's common fields.
 
-A product overrides only what differs: :meth:`~TrainingLoop.set_up` (its data, model and the shared
-parts), :meth:`~TrainingLoop.train_step` (fetch a batch, forward/backward, then ``update``, then its
+A product overrides only what differs: the pieces of the set-up sequence (:mod:`.setup`: its
+checks, batch geometry, data, model, scheduler, the objects it prepares and checkpoints, callbacks),
+:meth:`~TrainingLoop.train_step` (fetch a batch, forward/backward, then ``update``, then its
 records), :meth:`~TrainingLoop.hessian_loss`, :meth:`~TrainingLoop.complete` (its end-of-run work)
 and :meth:`~TrainingLoop.summary_extras`; hooks with a default: ``on_start``, ``flush``,
 ``precision_record``, ``bar_label``.
@@ -28,14 +29,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bert_mp.core.loop.state import LoopState, flag_signal, signal_flag, stop_on_signals, stop_reason
+from bert_mp.core.engine.strategy import prepare_parts
+from bert_mp.core.loop import setup
+from bert_mp.core.loop.state import (
+    BatchGeometry,
+    LoopState,
+    flag_signal,
+    signal_flag,
+    stop_on_signals,
+    stop_reason,
+)
 from bert_mp.core.loop.update import optimizer_step
 from bert_mp.core.numerics.precision import library_versions
 from bert_mp.core.numerics.subnormal import state_tensors
-from bert_mp.core.run.console import tell_launcher_the_run_folder
-from bert_mp.core.run.hold import hold
-from bert_mp.core.run.launcher import LAUNCHER_GONE, LauncherWatch, launcher_pid, relay_stop
-from bert_mp.core.run.run_dir import announce_resume, check_output_dir, hold_run_folder
+from bert_mp.core.process.hold import hold
+from bert_mp.core.process.launcher import LAUNCHER_GONE, LauncherWatch, launcher_pid, relay_stop
+from bert_mp.core.process.notes import tell_launcher_the_run_folder
+from bert_mp.core.process.run_dir import announce_resume, check_output_dir, hold_run_folder
 from bert_mp.errors import TrainingError
 
 if TYPE_CHECKING:
@@ -43,12 +53,13 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from bert_mp.core.config import Config, LoopConfig
+    from bert_mp.core.engine.strategy import Strategy
     from bert_mp.core.loop.checkpoint_saver import Checkpointer
     from bert_mp.core.loop.numerics_guard import NumericsGuard
     from bert_mp.core.loop.run_log import RunLog
     from bert_mp.core.numerics.hessian import HessianEstimator
     from bert_mp.core.numerics.precision import PrecisionPlan
-    from bert_mp.core.run.conditions import Conditions
+    from bert_mp.core.process.conditions import Conditions
 
 
 class TrainingLoop(abc.ABC):
@@ -67,8 +78,13 @@ class TrainingLoop(abc.ABC):
     """Observers of the run; each gets ``on_train_end`` with the summary (empty unless built)."""
     config_changes: dict[str, tuple[Any, Any]]
     """A resume's allowed config changes, ``key -> (old, new)``."""
+    warmup_key: ClassVar[str]
+    """The section's warmup key, named by the numerics guard."""
     plan: PrecisionPlan
     conditions: Conditions
+    geometry: BatchGeometry
+    strategy: Strategy
+    """The distributed strategy in force (start-up line, summary.json)."""
     accelerator: Accelerator
     log: RunLog
     model: Any
@@ -124,9 +140,50 @@ class TrainingLoop(abc.ABC):
         changes the weights' shape) and keep a resume's allowed config changes. Only reads."""
         self.config_changes = check_output_dir(self.cfg, self.section)
 
-    @abc.abstractmethod
     def set_up(self) -> None:
-        """Build the run's parts: accelerator, data, model, optimizer, scheduler, guard, checkpointer, log."""
+        """Build the run's parts in the one set-up sequence (:func:`bert_mp.core.loop.setup.set_up`)."""
+        setup.set_up(self)
+
+    # ---- the set-up sequence's pieces (called in the order of bert_mp.core.loop.setup) ---------------
+    def check_inputs(self) -> None:
+        """What the product checks before anything is built (nothing by default)."""
+        return
+
+    @abc.abstractmethod
+    def batch_geometry(self, processes: int) -> BatchGeometry:
+        """One step's batch over ``processes`` (a batch they cannot split is one line)."""
+
+    @abc.abstractmethod
+    def load_data(self) -> None:
+        """The product's data (and ``total_steps`` where it depends on it)."""
+
+    @abc.abstractmethod
+    def build_model(self) -> Any:
+        """The unwrapped model, built under the run's seed."""
+
+    def wrap_model(self, model: Any) -> Any:
+        """The model the optimizer trains, after the precision's weight storage (the model itself by default)."""
+        return model
+
+    @abc.abstractmethod
+    def build_scheduler(self, optimizer: Any) -> Any:
+        """The learning-rate schedule of ``optimizer``."""
+
+    def configure_engine(self) -> None:
+        """The engine's settings before ``prepare`` (none by default)."""
+        return
+
+    def prepare(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
+        """``accelerator.prepare`` of the model and optimizer (a model bert_mp sharded as it is)."""
+        return prepare_parts(self.accelerator, model, optimizer)
+
+    def checkpointed(self) -> tuple[Any, ...]:
+        """Objects saved and restored beside the scheduler (none by default)."""
+        return ()
+
+    def build_callbacks(self) -> list[Any]:
+        """The run's observers (none by default)."""
+        return []
 
     @abc.abstractmethod
     def train_step(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bert_mp.core.run.launcher import LAUNCHER_GONE
+from bert_mp.core.process.launcher import LAUNCHER_GONE
 from bert_mp.errors import ConfigError
 
 _NOT_CHECKPOINTED = ("stop_reason", "pending_signal")

@@ -1,8 +1,8 @@
 """The update both training loops run after a backward: unscale (fp16), clip, step, zero the gradients,
 and tell whether the GradScaler skipped the step.
 
-It sits with the loop, not with the optimizers, because it speaks to the run's engine: Accelerate's
-clipping, FSDP2's sharded gradient norm, DeepSpeed's own clipping inside its step.
+The engine's side (Accelerate's clipping, FSDP2's sharded norm, DeepSpeed's clipping inside its step)
+is :func:`bert_mp.core.engine.gradients.clip_grad_norm`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from bert_mp.core.engine.gradients import clip_grad_norm
 from bert_mp.core.numerics.precision import accelerate_unscales
 
 
@@ -37,14 +38,7 @@ def optimizer_step(
     which skips inside its kernel.) ``grad_norm`` may be None where the engine clips itself.
     """
     unscale_gradients(accelerator, optimizer)
-    max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
-    grad_norm = accelerator.clip_grad_norm_(parameters, max_norm)
-    if hasattr(grad_norm, "full_tensor"):  # sharded gradients (FSDP2): the norm over every shard
-        grad_norm = grad_norm.full_tensor()
-    if grad_norm is None:  # DeepSpeed clips inside its step, which ran in the backward
-        from bert_mp.core.run.distributed import engine_grad_norm
-
-        grad_norm = engine_grad_norm(accelerator)
+    grad_norm = clip_grad_norm(accelerator, parameters, max_grad_norm)
     # The scale is compared on the device and read back once (``get_scale()`` twice would be two syncs).
     scale_before = _scale_tensor(scaler)
     optimizer.step()

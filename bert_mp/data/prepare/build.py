@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from bert_mp.core.config import Config, DataConfig, load_config, save_config
-from bert_mp.core.run import console
+from bert_mp.core.config import Config, DataConfig, save_config
+from bert_mp.core.process import console
 from bert_mp.core.storage import checksums, folder_lock
 from bert_mp.core.storage import disk as storage
 from bert_mp.core.storage.files import atomic_write_json
@@ -310,8 +310,7 @@ def data_only(cfg: Config) -> Config:
     return Config(data=cfg.data)
 
 
-def command(config_path: str | None, overrides: list[str], force: bool = False) -> int:
-    """``bert-mp prepare [CONFIG] [key=value ...] [--force]``."""
-    cfg = load_config(config_path, overrides)
+def command(cfg: Config, force: bool = False) -> int:
+    """``bert-mp prepare [CONFIG] [key=value ...] [--force]`` for the config the CLI loaded."""
     prepare(cfg, force=force)
     return 0

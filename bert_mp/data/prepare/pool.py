@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from bert_mp.core.config import DataConfig
-from bert_mp.core.run.hold import hold
+from bert_mp.core.process.hold import hold
 from bert_mp.data.prepare.blocks import BlockPairer, Tokens
 from bert_mp.data.prepare.cache import SPLITS
 from bert_mp.data.prepare.read import arrow_stream, stop_pool

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from bert_mp.core.config import DataConfig
-from bert_mp.core.run import console
+from bert_mp.core.process import console
 from bert_mp.data.corpus import describe_source
 from bert_mp.data.prepare.cache import SPLITS
 from bert_mp.data.tokenizer import round_vocab_size

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from bert_mp.core.config import DataConfig
-from bert_mp.core.run.hold import hold
+from bert_mp.core.process.hold import hold
 from bert_mp.core.storage.disk import write_folder_atomically
 from bert_mp.data import allocator
 from bert_mp.data.arrow_text import distinct_characters, utf8_chunks

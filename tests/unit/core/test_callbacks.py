@@ -75,7 +75,7 @@ def test_registry_builds_by_name_in_order():
     with pytest.raises(ConfigError, match="unknown callback 'nope'"):
         build_callbacks(Config(train=TrainConfig(callbacks=["nope"])))
     # parity is resolved lazily and constructed with the full config
-    assert REGISTRY["parity"] == "bert_mp.core.loop.parity:ParityCallback"
+    assert REGISTRY["parity"] == "bert_mp.pretrain.parity_monitor:ParityCallback"
     with pytest.raises(ConfigError, match="parity_reference"):
         build_callbacks(Config(train=TrainConfig(callbacks=["parity"])))
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from bert_mp.core.run import conditions as c
+from bert_mp.core.process import conditions as c
 
 
 def test_default_threads_share_the_cores_between_local_processes():

@@ -15,15 +15,14 @@ from support import ROOT, load_script, tiny_model_config
 from transformers import BertForPreTraining
 
 from bert_mp.core.config import load_config
-from bert_mp.core.numerics.precision import resolve_precision
-from bert_mp.core.numerics.step_scalars import DeviceStepMetrics
-from bert_mp.core.run.device_feed import loader_kwargs
-from bert_mp.core.run.distributed import (
+from bert_mp.core.engine.distributed import (
     accelerate_mixed_precision,
     configure_deepspeed,
     deepspeed_config,
     validate_deepspeed_config,
 )
+from bert_mp.core.numerics.precision import resolve_precision
+from bert_mp.core.numerics.step_scalars import DeviceStepMetrics
 from bert_mp.errors import ConfigError, HardwareError
 from bert_mp.model.bert import (
     PretrainingModel,
@@ -33,6 +32,7 @@ from bert_mp.model.bert import (
     drop_full_attention_mask,
 )
 from bert_mp.model.dropout import resolve_dropout_impl
+from bert_mp.pretrain.device_feed import loader_kwargs
 from bert_mp.pretrain.monitors import attention_flops_tokens, peak_flops
 from bert_mp.sweep.diagnostics import (
     classify_cuda_kernel,
@@ -240,7 +240,7 @@ def test_configure_deepspeed_fills_the_accelerate_yaml_plugin():
 def test_fsdp_policy_is_fp32_master_weights():
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    from bert_mp.core.run.distributed import configure_fsdp
+    from bert_mp.core.engine.distributed import configure_fsdp
 
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     plugin.set_mixed_precision("bf16")  # what Accelerate does for mixed_precision=bf16

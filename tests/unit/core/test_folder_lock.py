@@ -14,7 +14,7 @@ import warnings
 import pytest
 from support import TESTS
 
-from bert_mp.core.run import run_dir
+from bert_mp.core.process import run_dir
 from bert_mp.core.storage import folder_lock
 from bert_mp.errors import BertMPWarning
 

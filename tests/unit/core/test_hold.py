@@ -1,4 +1,4 @@
-"""bert_mp.core.run.hold: a named point holds until a signal is handled (or the ready file goes), else nothing."""
+"""bert_mp.core.process.hold: a named point holds until a signal is handled (or the ready file goes), else nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from bert_mp.core.run import hold
+from bert_mp.core.process import hold
 
 pytestmark = pytest.mark.signals
 

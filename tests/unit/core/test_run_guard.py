@@ -7,7 +7,7 @@ import pytest
 from support import make_prepared, tiny_config
 
 from bert_mp.core.config import config_to_dict
-from bert_mp.core.run.run_dir import config_changes, shape_changes
+from bert_mp.core.process.run_dir import config_changes, shape_changes
 from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import ConfigError
 from bert_mp.pretrain.trainer import train

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bert_mp.core.config import load_config
+from bert_mp.core.engine import strategy
 from bert_mp.core.loop.state import flag_signal, signal_flag
-from bert_mp.core.run import machines, strategy
 from bert_mp.errors import ConfigError
 
 FSDP_ENV = {
@@ -155,19 +155,6 @@ def test_the_stop_flag_names_the_signal_some_rank_got():
     assert flag_signal(float(np.float32(signal_flag("launcher gone")) + most)) == "launcher gone"
 
 
-def test_machines_are_read_from_the_options_over_the_config_file(tmp_path):
-    cfg = tmp_path / "multi.yaml"
-    cfg.write_text("num_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.1.2.3\nmain_process_port: 29500\n")
-    m = machines.machines_of(["--config_file", str(cfg), "--machine_rank", "1", "--main_process_port=1234"])
-    assert m == machines.Machines(2, 1, "10.1.2.3", 1234)
-    assert machines.machines_of(["--num_processes", "2"]) is None
-    with pytest.raises(ConfigError, match="--machine_rank 2: must be 0 to 1"):
-        machines.machines_of(["--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h"])
-    assert machines.pop_join_timeout(["--join_timeout", "5", "--x"]) == (5.0, ["--x"])
-    with pytest.raises(ConfigError, match="--join_timeout"):
-        machines.pop_join_timeout(["--join_timeout=soon"])
-
-
 @pytest.mark.parametrize(
     ("pending", "flag", "reason"),
     [
@@ -195,7 +182,7 @@ def test_unwrapping_imports_no_deepspeed_until_a_run_has_imported_it(monkeypatch
 
     from accelerate.utils import extract_model_from_parallel, other
 
-    from bert_mp.core.run.accelerator import deepspeed_only_once_imported
+    from bert_mp.core.engine.accelerator import deepspeed_only_once_imported
 
     # Accelerate's own check (a run earlier in this process may have answered it already)
     installed = getattr(other.is_deepspeed_available, "__wrapped__", other.is_deepspeed_available)

@@ -102,6 +102,8 @@ class FakeLoop(training_loop.TrainingLoop):
         self.scheduler, self.scaler, self.hessian = FakeScheduler(), scaler, None
         self.guard = NumericsGuard("fp16", scaler, 2, "fake", "warmup_steps")
 
+    batch_geometry = load_data = build_model = build_scheduler = None  # set_up above builds the fakes
+
     def train_step(self) -> None:
         s = self.state
         self.calls.append(f"step {s.step}")
@@ -213,7 +215,7 @@ def test_a_rank_whose_launcher_is_gone_stops_after_its_step_like_a_signal(skips,
     import subprocess
     import sys
 
-    from bert_mp.core.run import launcher
+    from bert_mp.core.process import launcher
 
     stand_in = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     monkeypatch.setenv(launcher.LAUNCHER_PID_ENV, str(stand_in.pid))

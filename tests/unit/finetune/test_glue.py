@@ -14,7 +14,7 @@ from support import glue_checkpoint, write_glue_folder
 
 from bert_mp.cli import main
 from bert_mp.core.config import GLUE_SUITE, GLUE_TASK_NAMES
-from bert_mp.core.run import conditions
+from bert_mp.core.process import conditions
 from bert_mp.finetune.glue import average, split_metrics
 from bert_mp.finetune.glue_data import GLUE_TASKS, glue_task
 from bert_mp.finetune.metrics import classification_metrics, regression_metrics

@@ -3,9 +3,9 @@ withheld with the reason where the band is not measurable; and the fine-tune pla
 
 import pytest
 
-from bert_mp.core.loop import parity
-from bert_mp.core.loop.parity import VerdictRules
+from bert_mp.sweep import parity
 from bert_mp.sweep.downstream import Cell, band, plan_downstream, task_verdicts
+from bert_mp.sweep.parity import VerdictRules
 
 RULES = VerdictRules()  # warn > 2x, fail > 5x the tolerance max(band, 0.5%)
 

@@ -1,58 +1,10 @@
-import json
 import math
-import random
-from types import SimpleNamespace
 
 import pytest
+from support import PARITY_STEPS, synthetic_rows
 
-from bert_mp.core.config import load_config
-from bert_mp.core.loop.parity import (
-    ParityCallback,
-    VerdictRules,
-    curves_from_rows,
-    deviation,
-    first_nonfinite,
-    load_curves,
-    moving_average,
-    verdict,
-)
-from bert_mp.errors import ConfigError
-
-STEPS = 200
-
-
-def _base(step: int) -> tuple[float, float]:
-    return 2.0 + 6.0 * math.exp(-step / 60), 0.45 + 0.25 * math.exp(-step / 80)
-
-
-def synthetic_rows(scale=1.0, noise=0.0, seed=0, nan_at=None, blowup_from=None, evals=(100, 200)):
-    """metrics.jsonl rows following the run-folder contract, with controlled deviations."""
-    rng = random.Random(seed)
-    rows = []
-    for step in range(1, STEPS + 1):
-        mlm, nsp = _base(step)
-        mlm = mlm * scale * (1 + rng.gauss(0, noise))
-        nsp = nsp * scale * (1 + rng.gauss(0, noise))
-        if blowup_from is not None and step >= blowup_from:
-            mlm *= 1 + 0.05 * (step - blowup_from)
-        if nan_at is not None and step == nan_at:
-            mlm = float("nan")
-        rows.append(
-            {"step": step, "kind": "train", "loss/mlm": mlm, "loss/nsp": nsp, "loss/total": mlm + nsp}
-        )
-    for step in evals:
-        mlm, nsp = _base(step)
-        rows.append(
-            {
-                "step": step,
-                "kind": "eval",
-                "eval/loss_mlm": mlm * scale * (1 + rng.gauss(0, noise)),
-                "eval/loss_nsp": nsp * scale * (1 + rng.gauss(0, noise)),
-                "eval/accuracy_mlm": 0.3,
-                "eval/accuracy_nsp": 0.6,
-            }
-        )
-    return rows
+from bert_mp.pretrain.parity_monitor import curves_from_rows
+from bert_mp.sweep.parity import VerdictRules, deviation, first_nonfinite, moving_average, verdict
 
 
 @pytest.fixture
@@ -142,75 +94,4 @@ def test_resumed_run_keeps_last_value_per_step():
     rows.append({"step": 5, "kind": "train", "loss/mlm": 1.0, "loss/nsp": 0.5, "loss/total": 1.5})
     c = curves_from_rows(rows)
     assert dict(c.series("train", "loss/mlm"))[5] == 1.0
-    assert len(c.series("train", "loss/mlm")) == STEPS
-
-
-def _write(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _cfg(ref_path, action, tolerance=0.05):
-    return load_config(
-        None,
-        [
-            f"train.parity_reference={ref_path}",
-            f"train.parity_action={action}",
-            f"train.parity_tolerance={tolerance}",
-        ],
-    )
-
-
-def _drive(cb, rows):
-    state = SimpleNamespace(step=0, stop_reason=None)
-    cb.on_train_start(state, None)
-    logged = []
-    for r in rows:
-        state.step = r["step"]
-        logs = dict(r)
-        if r["kind"] == "train":
-            cb.on_step_end(state, None, logs)  # parity reads the logged loss, not the facts
-        else:
-            cb.on_eval_end(state, logs)
-        logged.append(logs)
-        if state.stop_reason:
-            break
-    summary: dict = {}
-    cb.on_train_end(state, summary)
-    return state, logged, summary
-
-
-def test_callback_logs_deviation_and_stays_quiet_in_band(tmp_path):
-    _write(tmp_path / "metrics.jsonl", synthetic_rows(noise=0.01, seed=1))
-    cb = ParityCallback(_cfg(tmp_path, "stop"))
-    state, logged, summary = _drive(cb, synthetic_rows(noise=0.01, seed=3))
-    assert state.stop_reason is None
-    assert all("parity/mlm_rel_dev" in row for row in logged if row["kind"] == "train")
-    assert summary["parity"]["steps_outside_tolerance"] == 0
-    assert summary["parity"]["max_mlm_rel_dev"] < 0.05
-    assert len(summary["parity"]["eval"]) == 2
-
-
-def test_callback_stops_a_run_that_leaves_the_band(tmp_path):
-    _write(tmp_path / "metrics.jsonl", synthetic_rows(noise=0.01, seed=1))
-    cb = ParityCallback(_cfg(tmp_path / "metrics.jsonl", "stop"))
-    state, logged, summary = _drive(cb, synthetic_rows(noise=0.01, seed=1, blowup_from=120))
-    assert state.stop_reason and "parity" in state.stop_reason
-    assert logged[-1]["step"] == summary["parity"]["first_step_outside"] > 120
-
-
-def test_callback_warn_mode_never_stops(tmp_path, caplog):
-    _write(tmp_path / "metrics.jsonl", synthetic_rows(noise=0.01, seed=1))
-    cb = ParityCallback(_cfg(tmp_path, "warn"))
-    with caplog.at_level("WARNING"):
-        state, _, summary = _drive(cb, synthetic_rows(noise=0.01, seed=1, blowup_from=120))
-    assert state.stop_reason is None
-    assert summary["parity"]["steps_outside_tolerance"] > 0
-    # one warning per excursion, not one per step
-    assert sum("parity:" in r.message for r in caplog.records) == 1
-
-
-def test_callback_needs_a_reference(tmp_path):
-    with pytest.raises(ConfigError, match="parity_reference"):
-        ParityCallback(load_config())
-    with pytest.raises(ConfigError, match="no metrics.jsonl"):
-        load_curves(tmp_path)
+    assert len(c.series("train", "loss/mlm")) == PARITY_STEPS

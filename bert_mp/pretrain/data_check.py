@@ -1,6 +1,6 @@
-"""Pretraining's run guard: :func:`bert_mp.core.run.run_dir.check_output_dir`, and a resume onto
-prepared data rebuilt with other bytes refused (unless ``train.allow_data_change``), before any
-work where that data exists already."""
+"""Pretraining's addition to the run-folder check (:func:`bert_mp.core.process.run_dir.check_output_dir`):
+a resume onto prepared data rebuilt with other bytes is refused (unless ``train.allow_data_change``),
+before any work where that data exists already."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from bert_mp.core.checkpoint import store as ckpt
-from bert_mp.core.run import run_dir as run_guard
 from bert_mp.data.fingerprint import same_data
 from bert_mp.errors import TrainingError
 
 
-def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
-    """:func:`bert_mp.core.run.run_dir.check_output_dir`, then (on a ``train`` resume) the data check."""
-    changes = run_guard.check_output_dir(cfg, section)
+def check_resume_data(cfg: Any, section: Any) -> None:
+    """On a ``train`` resume of a run that has its config.yaml: the data check, unless
+    ``train.allow_data_change``."""
     saved = Path(section.output_dir) / "config.yaml"  # without it, a resume starts afresh
     if section.resume and saved.is_file() and not section.allow_data_change:
         check_data_unchanged(cfg, Path(section.output_dir) / "checkpoints", section.resume)
-    return changes
 
 
 def data_change_error(resumed_from: Any, trained_on: str, data_path: Any, now: str) -> TrainingError:

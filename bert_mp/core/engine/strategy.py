@@ -6,7 +6,7 @@ on GPU-like devices: with ``cpu=True`` it builds a MULTI_CPU state and wraps the
 a word, and it refuses DeepSpeed outright. bert_mp reads the request itself (:func:`launch_request`)
 and, without CUDA,
 
-- **FSDP** shards with its own thin wrap of torch's ``fully_shard`` (:mod:`bert_mp.core.run.sharding`):
+- **FSDP** shards with its own thin wrap of torch's ``fully_shard`` (:mod:`bert_mp.core.engine.sharding`):
   FSDP2 over gloo, every ``BertLayer`` a unit, the embeddings and heads (tied) in the root unit;
 - **DeepSpeed** runs through Accelerate with ``cpu=False`` and the gloo backend (DeepSpeed's CPU
   accelerator), so ZeRO-1/2 shard as they would on GPUs (:func:`state_options`);
@@ -321,7 +321,7 @@ def shard(strategy: Strategy, model: Any) -> Any:
     is otherwise. Before the optimizer is built: it must see the sharded parameters."""
     if strategy.engine != BERT_MP_FSDP:
         return model
-    from bert_mp.core.run.sharding import shard_model
+    from bert_mp.core.engine.sharding import shard_model
 
     request = launch_request()
     return shard_model(model, request.layer_classes, request.reshard_after_forward)
@@ -329,7 +329,7 @@ def shard(strategy: Strategy, model: Any) -> Any:
 
 def prepare_parts(accelerator: Any, model: Any, optimizer: Any) -> tuple[Any, Any]:
     """``accelerator.prepare(model, optimizer)``; a model bert_mp sharded is registered as it is."""
-    from bert_mp.core.run import sharding
+    from bert_mp.core.engine import sharding
 
     if sharding.is_sharded(model):
         return sharding.prepare(accelerator, model, optimizer)

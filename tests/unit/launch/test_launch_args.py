@@ -1,4 +1,4 @@
-"""console lines on the main process only; the ``bert-mp launch`` command line."""
+"""The ``bert-mp launch`` command line: its options, its command, N CPU processes."""
 
 from __future__ import annotations
 
@@ -6,18 +6,10 @@ import sys
 
 import pytest
 
-from bert_mp.core.run import console, launch
+from bert_mp.core.process import spawn
 from bert_mp.errors import ConfigError
-
-
-def test_say_prints_on_the_main_process_only_with_the_command_name(monkeypatch, capsys):
-    monkeypatch.setattr(console, "_COMMAND", ["train"])
-    console.say("reusing data/x", command="prepare")
-    console.say("hello")
-    monkeypatch.setenv("RANK", "1")
-    console.say("from the second process")
-    console.show("bert-mp train: stopped")
-    assert capsys.readouterr().out == "bert-mp prepare: reusing data/x\nbert-mp train: hello\n"
+from bert_mp.launch import command as launch
+from bert_mp.launch import machines
 
 
 def test_launch_splits_accelerate_options_from_the_command():
@@ -53,4 +45,17 @@ def test_launch_on_cpu_starts_n_processes_with_torchrun_style_spawning():
 
 def test_no_process_count_warning_outside_accelerate_launch(monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
-    assert launch.process_count_warning(1) is None
+    assert spawn.process_count_warning(1) is None
+
+
+def test_machines_are_read_from_the_options_over_the_config_file(tmp_path):
+    cfg = tmp_path / "multi.yaml"
+    cfg.write_text("num_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.1.2.3\nmain_process_port: 29500\n")
+    m = machines.machines_of(["--config_file", str(cfg), "--machine_rank", "1", "--main_process_port=1234"])
+    assert m == machines.Machines(2, 1, "10.1.2.3", 1234)
+    assert machines.machines_of(["--num_processes", "2"]) is None
+    with pytest.raises(ConfigError, match="--machine_rank 2: must be 0 to 1"):
+        machines.machines_of(["--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h"])
+    assert machines.pop_join_timeout(["--join_timeout", "5", "--x"]) == (5.0, ["--x"])
+    with pytest.raises(ConfigError, match="--join_timeout"):
+        machines.pop_join_timeout(["--join_timeout=soon"])

@@ -15,7 +15,7 @@ a second command into a held folder stops with one line naming the holder. Then,
   row in ``metrics.jsonl`` at the step the run resumes from;
 - a pretraining resume onto prepared data rebuilt with other bytes is refused too (unless
   ``train.allow_data_change``), before any work where that data exists already: that check reads
-  the prepared data, so it lives with pretraining (:mod:`bert_mp.pretrain.run_guard`).
+  the prepared data, so it lives with pretraining (:mod:`bert_mp.pretrain.data_check`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bert_mp.core.run.console import is_main_process
-from bert_mp.core.run.launcher import launcher_pid
+from bert_mp.core.process.console import is_main_process
+from bert_mp.core.process.launcher import launcher_pid
 from bert_mp.core.storage import disk, folder_lock
 from bert_mp.errors import BertMPWarning, ConfigError
 

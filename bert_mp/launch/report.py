@@ -197,7 +197,7 @@ class LauncherLines:
 
 class LaunchLog:
     """Everything the launcher and the ranks write on stderr: held in memory until the run names its
-    folder (:func:`bert_mp.core.run.console.tell_launcher_the_run_folder`: the run holds it by then),
+    folder (:func:`bert_mp.core.process.notes.tell_launcher_the_run_folder`: the run holds it by then),
     then appended to ``<folder>/<name>`` line by line, so it is there even if the launcher is killed."""
 
     def __init__(self, argv: Sequence[str], name: str = "launch.log") -> None:

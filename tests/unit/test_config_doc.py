@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
+from bert_mp.config_reference import config_rows, describe_config
 from bert_mp.core.config import Config
-from bert_mp.core.config.reference import config_rows, describe_config
 from bert_mp.errors import ConfigError
 
 

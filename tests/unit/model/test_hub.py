@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from bert_mp.core.run.hub import resolve_hub_model
 from bert_mp.errors import ConfigError
+from bert_mp.model.hub import resolve_hub_model
 
 
 @pytest.fixture

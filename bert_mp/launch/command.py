@@ -1,19 +1,27 @@
-"""The ``accelerate launch`` command line for N processes on this machine, shared by ``bert-mp
-sweep``, the scale-out benchmark and the multi-process tests.
+"""``bert-mp launch``: ``accelerate launch`` for ``train`` / ``finetune``, with a signal's exit code,
+a rank's mistake or death as one line (:mod:`.report`) and several machines' meeting (:mod:`.machines`).
 
-Accelerate 1.x starts ONE process for ``--cpu --num_processes N`` (unless an MPI hostfile is
-given); torchrun-style spawning (``--multi_gpu``) starts N, and bert_mp puts each on the CPU with
-gloo when there is no CUDA. So without CUDA, N > 1 processes are launched with ``--multi_gpu``.
+The ``accelerate launch`` command line itself and the environment the ranks see are shared with
+``bert-mp sweep`` (:mod:`bert_mp.core.process.spawn`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert_mp.core.run.launch_report import (
+from bert_mp.core.process.spawn import accelerate_launch, launcher_env, pop_num_processes
+from bert_mp.launch.machines import (
+    JOIN_TIMEOUT_S,
+    Machines,
+    join_failure,
+    machines_of,
+    pop_join_timeout,
+    rendezvous_options,
+)
+from bert_mp.launch.report import (
     RANK_DIED_EXIT_CODE,
     LauncherLines,
     LaunchLog,
@@ -22,35 +30,6 @@ from bert_mp.core.run.launch_report import (
     parse_failures,
     rank_death_line,
 )
-from bert_mp.core.run.machines import (
-    JOIN_TIMEOUT_S,
-    Machines,
-    join_failure,
-    machines_of,
-    pop_join_timeout,
-    rendezvous_options,
-)
-
-
-def accelerate_launch(
-    num_processes: int, *, cuda: bool, extra: Sequence[str] = (), port: int | None = None
-) -> list[str]:
-    """``python -m accelerate.commands.launch`` with ``num_processes`` local processes; the program
-    and its arguments follow. ``extra``: further launch arguments, which win (a ``--config_file``
-    supplies the machine, precision and dynamo settings itself); ``port``: ``--main_process_port``
-    (distinct ports let concurrent launches on one machine coexist)."""
-    extra = list(extra)
-    args = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes)]
-    if not any(a.startswith("--num_machines") or a == "--config_file" for a in extra):
-        args += ["--num_machines", "1"]
-    if not cuda and not {"--cpu", "--multi_gpu", "--config_file"} & set(extra):
-        args.append("--multi_gpu" if num_processes > 1 else "--cpu")
-    if "--config_file" not in extra:
-        args += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    if port is not None:
-        args += ["--main_process_port", str(port)]
-    return [*args, *extra]
-
 
 # --------------------------------------------------------------------------------------------------
 # bert-mp launch: accelerate launch, with a signal's exit code and one line
@@ -75,48 +54,16 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], str, list[str]]:
     )
 
 
-def _pop_num_processes(options: list[str]) -> tuple[int | None, list[str]]:
-    """``--num_processes N`` (or ``=N``) taken out of ``options``; None where it is not given."""
-    rest, n, it = [], None, iter(options)
-    for arg in it:
-        if arg == "--num_processes":
-            n = int(next(it, "1"))
-        elif arg.startswith("--num_processes="):
-            n = int(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-    return n, rest
-
-
 def launch_argv(options: Sequence[str], command: str, args: Sequence[str], *, cuda: bool) -> list[str]:
     """The ``accelerate launch`` command line that runs ``bert-mp COMMAND ARGS`` on every process; a
     ``--num_processes N`` on a machine without CUDA starts N CPU processes (:func:`accelerate_launch`)."""
-    n, rest = _pop_num_processes(list(options))
+    n, rest = pop_num_processes(list(options))
     base = (
         accelerate_launch(n, cuda=cuda, extra=rest)
         if n is not None
         else [sys.executable, "-m", "accelerate.commands.launch", *rest]
     )
     return [*base, "-m", "bert_mp", command, *args]
-
-
-SHUTDOWN_TIMEOUT_S = 600
-"""How long torch elastic's launcher lets the ranks finish their step, save and stop after a signal
-before it kills them (its own default, 30 s, cuts a checkpoint of a large model, or of any model on
-a loaded machine, short: the run then ends without its checkpoint and summary)."""
-
-
-def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The launcher's environment: ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` set to
-    :data:`SHUTDOWN_TIMEOUT_S` unless the user set it."""
-    import os
-
-    from bert_mp.core.run.launcher import LAUNCHER_PID_ENV
-
-    env = dict(environ)
-    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
-    env[LAUNCHER_PID_ENV] = str(os.getpid())  # watched by the ranks; where a relayed stop is passed on
-    return env
 
 
 @dataclass
@@ -151,12 +98,12 @@ def run_launcher(argv: Sequence[str], context: LaunchContext | None = None) -> i
     import subprocess
     import tempfile
 
-    from bert_mp.core.run import console
+    from bert_mp.core.process import notes
 
     ctx = context or LaunchContext()
     log = LaunchLog(ctx.argv, ctx.log_name)
     with tempfile.TemporaryDirectory(prefix="bert-mp-launch-") as errors:
-        env = {**launcher_env(os.environ), console.LAUNCH_ERRORS_ENV: errors}
+        env = {**launcher_env(os.environ), notes.LAUNCH_ERRORS_ENV: errors}
         # its own group: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
         proc = subprocess.Popen(list(argv), stderr=subprocess.PIPE, text=True, process_group=0, env=env)
         caught: list[int] = []
@@ -171,7 +118,7 @@ def run_launcher(argv: Sequence[str], context: LaunchContext | None = None) -> i
         try:
             for line in proc.stderr:  # type: ignore[union-attr]
                 log.write(line)
-                if log.path is None and (folder := console.launcher_note(errors, console.RUN_FOLDER_NOTE)):
+                if log.path is None and (folder := notes.launcher_note(errors, notes.RUN_FOLDER_NOTE)):
                     log.attach(Path(folder))
                 ending = bool(caught) or any(Path(errors).glob("rank-*.json"))
                 sys.stderr.writelines(lines.take(line, ending))
@@ -181,8 +128,8 @@ def run_launcher(argv: Sequence[str], context: LaunchContext | None = None) -> i
             for s, h in previous.items():
                 signal.signal(s, h)
             log.close()
-        reported = console.launch_errors(errors)
-        checkpoint = console.launcher_note(errors, console.CHECKPOINT_NOTE)
+        reported = notes.launch_errors(errors)
+        checkpoint = notes.launcher_note(errors, notes.CHECKPOINT_NOTE)
     return _outcome(code, caught, reported, lines.rest(), ctx, log, checkpoint)
 
 
@@ -275,41 +222,3 @@ command that continues the run, exit 5; the ranks' and the launcher's stderr is 
 launch.log. If this process is killed, the ranks finish their step, save and stop (`launcher gone`).
 With --num_machines N the machines meet in torch elastic's rendezvous: one that has not come within
 --join_timeout SECONDS (default 300) ends the others with one line, exit 2."""
-
-
-# --------------------------------------------------------------------------------------------------
-# a plain `accelerate launch` that starts fewer processes than it was asked for
-# --------------------------------------------------------------------------------------------------
-def requested_processes() -> int | None:
-    """``--num_processes`` of the ``accelerate launch`` that started this process (its parent, the
-    simple launcher Accelerate uses for ``--cpu``); None when there is none or it does not say."""
-    import os
-
-    if "ACCELERATE_USE_CPU" not in os.environ:  # set by accelerate launch for the processes it starts
-        return None
-    try:
-        import psutil
-
-        parent = psutil.Process().parent()
-        cmdline = parent.cmdline() if parent else []
-    except Exception:  # noqa: BLE001 (no psutil, no permission: nothing to say)
-        return None
-    if not any("accelerate" in part for part in cmdline[:3]):
-        return None
-    try:
-        return _pop_num_processes(cmdline)[0]
-    except ValueError:
-        return None
-
-
-def process_count_warning(world: int) -> str | None:
-    """A warning when ``accelerate launch`` was asked for more processes than run (None: all is well)."""
-    asked = requested_processes()
-    if asked is None or asked <= world:
-        return None
-    return (
-        f"accelerate launch was asked for {asked} processes, but {world} runs: on a CPU, Accelerate starts "
-        "one process for --cpu (or a CPU config without multi-process settings); run "
-        f"`bert-mp launch --num_processes {asked} ...`, or add --multi_gpu, or use "
-        "--config_file configs/accelerate/cpu_multiprocess.yaml"
-    )

@@ -19,7 +19,7 @@ def resolve_plan(cfg: Any, allow_emulated: bool = False) -> PrecisionPlan:
     """
     from accelerate import PartialState
 
-    from bert_mp.core.run.strategy import launch_request, state_options
+    from bert_mp.core.engine.strategy import launch_request, state_options
 
     # Without CUDA, say so explicitly: Accelerate then sets up gloo when launched with several
     # processes instead of silently running each of them as a world of one (DeepSpeed: gloo through
@@ -48,8 +48,8 @@ def build_accelerator(
     from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration
 
-    from bert_mp.core.run.distributed import accelerate_mixed_precision
-    from bert_mp.core.run.strategy import launch_request, state_options
+    from bert_mp.core.engine.distributed import accelerate_mixed_precision
+    from bert_mp.core.engine.strategy import launch_request, state_options
 
     deepspeed_only_once_imported()
     out = Path(output_dir)
@@ -94,7 +94,7 @@ def _warn_if_fewer_processes(world: int) -> None:
     """A plain ``accelerate launch --num_processes N`` that started fewer processes says so."""
     import warnings
 
-    from bert_mp.core.run.launch import process_count_warning
+    from bert_mp.core.process.spawn import process_count_warning
     from bert_mp.errors import BertMPWarning
 
     message = process_count_warning(world)

@@ -1,7 +1,7 @@
 """FSDP2 on CPU: bert_mp's thin wrap of torch's ``fully_shard`` and its sharded checkpoint.
 
 Accelerate gives FSDP only on GPU-like devices; on a CPU launch it would wrap the model in DDP. So
-where the launch asks for FSDP and there is no CUDA (:mod:`bert_mp.core.run.strategy`), bert_mp shards the
+where the launch asks for FSDP and there is no CUDA (:mod:`bert_mp.core.engine.strategy`), bert_mp shards the
 model itself, over the gloo process group Accelerate set up:
 
 - every module named by ``fsdp_transformer_layer_cls_to_wrap`` (``BertLayer``) is one FSDP unit, the

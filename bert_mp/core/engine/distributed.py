@@ -12,8 +12,8 @@ Accelerate's defaults for both sharded engines differ, so these helpers adjust t
   (with an fp32 copy inside the optimizer) and fp16 brings DeepSpeed's loss scaler, so both stay
   off: the engine holds fp32 weights and bf16 comes from the loop's autocast, exactly as on one GPU.
   ``train.precision=fp16`` is refused under DeepSpeed (its GradScaler cannot drive the engine).
-  The engine steps only at accumulation boundaries (:func:`set_micro_batch_boundary`) and must
-  not divide the already step-normalised loss by the accumulation count (:func:`backward_kwargs`).
+  The engine steps only at accumulation boundaries and must not divide the already step-normalised
+  loss by the accumulation count (both in :mod:`.gradients`).
 - **FSDP**: Accelerate turns ``mixed_precision=bf16`` into ``param_dtype = reduce_dtype = bf16``
   (bf16 sharded weights and gradient reductions). :func:`configure_fsdp` sets an fp32 policy, so
   sharded parameters, gradients and reductions stay fp32 and bf16/fp16 come from autocast.
@@ -152,25 +152,3 @@ def configure_fsdp(accelerator: Any) -> None:
     16-bit math), instead of Accelerate's bf16/fp16 ``param_dtype`` / ``reduce_dtype``."""
     if uses_fsdp(accelerator):
         accelerator.state.fsdp_plugin.set_mixed_precision(torch.float32, override=True)
-
-
-def engine_grad_norm(accelerator: Any) -> Any:
-    """The gradient norm DeepSpeed's engine measured (before clipping) in the step it just took inside
-    ``backward``; None without DeepSpeed or where the engine did not measure one."""
-    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
-    if not uses_deepspeed(accelerator) or wrapped is None:
-        return None
-    norm = wrapped.engine.get_global_grad_norm()
-    return None if norm is None else float(norm)
-
-
-def set_micro_batch_boundary(accelerator: Any, last: bool) -> None:
-    """Tell Accelerate whether this micro-batch ends the optimizer step: DeepSpeed's engine steps in
-    ``backward`` exactly when it does (bert_mp does not use ``accelerator.accumulate``)."""
-    accelerator.gradient_state._set_sync_gradients(bool(last))
-
-
-def backward_kwargs(accelerator: Any) -> dict[str, Any]:
-    """Extra ``accelerator.backward`` arguments: under DeepSpeed the loss is already normalised over the
-    whole step, so the engine must not divide it by the accumulation count again."""
-    return {"scale_wrt_gas": False} if uses_deepspeed(accelerator) else {}

@@ -1,109 +1,43 @@
-"""What a user sees of a running command: ``bert-mp <command>: ...`` lines, from the main process only.
+"""The files between the ranks of ``bert-mp launch`` and their launcher, and a rank's stderr under it.
 
-Under ``accelerate launch`` every process runs the same code; a line every process printed would
-appear once per process (``bert-mp prepare: reusing ...`` twice with two processes). :func:`say`
-prints on the main process only and names the command the user ran (``train`` even where the
-line comes from the data preparation that ``bert-mp train`` runs first).
+``bert-mp launch`` gives its processes a folder (:data:`LAUNCH_ERRORS_ENV`): a rank leaves its one
+error line and exit code there (:mod:`.console` writes them), and the run leaves notes (the run
+folder, the last checkpoint) that the launcher reads when it reports how the launch ended.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import sys
 from pathlib import Path
 from typing import TextIO
 
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
-"""Where launchers put a process's global rank (torchrun / accelerate, Open MPI, MPICH, MVAPICH)."""
-_COMMAND = ["bert-mp"]
-
-
-def set_command(name: str) -> None:
-    """The subcommand being run (the CLI calls this first)."""
-    _COMMAND[0] = name
-
-
-def command(default: str = "bert-mp") -> str:
-    """The subcommand being run, or ``default`` outside the CLI (a test calling a function)."""
-    return default if _COMMAND[0] == "bert-mp" else _COMMAND[0]
-
-
-def speaker(default: str = "bert-mp") -> str:
-    """``bert-mp <command>``: the prefix of the running command's lines."""
-    name = command(default)
-    return "bert-mp" if name == "bert-mp" else f"bert-mp {name}"
-
-
-def is_main_process() -> bool:
-    """Rank 0, or no launcher at all; readable before any process group exists."""
-    return all(os.environ.get(var, "0") == "0" for var in _RANK_VARS)
-
-
-def say(text: str, *, command: str | None = None, file: TextIO | None = None) -> None:
-    """``bert-mp <command>: <text>`` on the main process (stdout, flushed); ``command`` defaults to
-    the running one."""
-    prefix = f"bert-mp {command}" if command else speaker()
-    show(f"{prefix}: {text}", file=file)
-
-
-def show(line: str, *, file: TextIO | None = None) -> None:
-    """A whole line (already prefixed, or a continuation line) on the main process only."""
-    if is_main_process():
-        print(line, file=file or sys.stdout, flush=True)
-
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 
 LAUNCH_ERRORS_ENV = "BERT_MP_LAUNCH_ERRORS"
 """Set by ``bert-mp launch`` for the processes it starts: a folder where a rank leaves its error line
 instead of printing it (so the launcher prints one rank's line, once, and exits with its code), the
 exit code of a run that ended otherwise than completed, and the run folder once the run holds it."""
-RUN_FOLDER_NOTE = "run_folder"
-"""The file in :data:`LAUNCH_ERRORS_ENV` that names the run folder (written once the run holds it)."""
 
 
-def _launch_folder() -> Path | None:
+def launch_folder() -> Path | None:
     folder = os.environ.get(LAUNCH_ERRORS_ENV)
     return Path(folder) if folder and Path(folder).is_dir() else None
 
 
-def _leave(name: str, text: str) -> None:
+def leave(name: str, text: str) -> None:
     """A file for the launcher, whole or not at all."""
-    path = _launch_folder() / name  # type: ignore[operator]
+    path = launch_folder() / name  # type: ignore[operator]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
 
-def _rank_file() -> str:
-    rank = next((os.environ[v] for v in _RANK_VARS if os.environ.get(v, "").isdigit()), "0")
+def rank_file() -> str:
+    rank = next((os.environ[v] for v in RANK_VARS if os.environ.get(v, "").isdigit()), "0")
     return f"rank-{int(rank):06d}.json"
-
-
-def error(line: str, exit_code: int) -> None:
-    """A command's one error line. Under ``bert-mp launch``: left for the launcher
-    (:data:`LAUNCH_ERRORS_ENV`); otherwise on stderr in one write, so the lines of several ranks
-    (a plain ``accelerate launch``) never run together."""
-    if _launch_folder() is not None:
-        _leave(_rank_file(), json.dumps({"line": line, "exit_code": exit_code}))
-        return
-    data = line + "\n"
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, io.UnsupportedOperation):  # a captured stream (tests)
-        sys.stderr.write(data)
-        sys.stderr.flush()
-        return
-    sys.stderr.flush()
-    os.write(fd, data.encode("utf-8", errors="replace"))
-
-
-def ended(exit_code: int) -> None:
-    """Under ``bert-mp launch``: a rank's run ended with ``exit_code`` (not 0) and printed what it had
-    to say; the launcher exits with that code instead of showing torch elastic's report of it."""
-    if exit_code and _launch_folder() is not None:
-        _leave(_rank_file(), json.dumps({"line": None, "exit_code": exit_code}))
 
 
 RUN_FOLDER_NOTE, CHECKPOINT_NOTE = "run_folder", "last_checkpoint"
@@ -113,8 +47,8 @@ holds it (the launcher keeps its log there), and the last checkpoint the run com
 
 def tell_launcher(note: str, text: str | Path) -> None:
     """Under ``bert-mp launch``: leave ``note`` for the launcher (the first process of each machine)."""
-    if _launch_folder() is not None and os.environ.get("LOCAL_RANK", "0") == "0":
-        _leave(note, str(text))
+    if launch_folder() is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+        leave(note, str(text))
 
 
 def tell_launcher_the_run_folder(output_dir: str | Path) -> None:

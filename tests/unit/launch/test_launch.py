@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from bert_mp.core.run.launch import accelerate_launch
+from bert_mp.core.process.spawn import accelerate_launch
 
 
 def _value(cmd: list[str], flag: str) -> str:
@@ -36,7 +36,8 @@ def test_the_launcher_gives_the_ranks_time_to_save_after_a_signal(monkeypatch, c
     """torch elastic kills the ranks 30 s after it passes a signal on unless told otherwise; a
     checkpoint on a loaded machine (or of a large model) takes longer. The launcher is started with
     a longer grace period, and a value the user set is kept."""
-    from bert_mp.core.run.launch import SHUTDOWN_TIMEOUT_S, run_launcher
+    from bert_mp.core.process.spawn import SHUTDOWN_TIMEOUT_S
+    from bert_mp.launch.command import run_launcher
 
     show = [sys.executable, "-c", "import os; print(os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'])"]
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
@@ -52,7 +53,7 @@ def test_the_launcher_gives_the_ranks_time_to_save_after_a_signal(monkeypatch, c
 # bert_mp's CLI does), then the launcher reports the failed children with a traceback and exits 1
 FAKE_LAUNCHER = r"""
 import os, sys
-from bert_mp.core.run import console
+from bert_mp.core.process import console, notes
 for rank in ("1", "0"):
     os.environ["RANK"] = rank
     console.error("bert-mp train: error: train.global_batch_size=32 must be ... (rank %s)" % rank, 2)
@@ -64,7 +65,7 @@ sys.exit(1)
 
 
 def test_a_mistake_the_ranks_meet_is_one_line_from_one_rank_and_exit_2(capfd):
-    from bert_mp.core.run.launch import run_launcher
+    from bert_mp.launch.command import run_launcher
 
     assert run_launcher([sys.executable, "-c", FAKE_LAUNCHER]) == 2
     err = capfd.readouterr().err
@@ -73,7 +74,7 @@ def test_a_mistake_the_ranks_meet_is_one_line_from_one_rank_and_exit_2(capfd):
 
 def test_what_a_failing_launcher_says_otherwise_is_shown_as_it_is(capfd):
     """No rank left a line (a crash, not a mistake in the input): the launcher's exit code and all it said."""
-    from bert_mp.core.run.launch import run_launcher
+    from bert_mp.launch.command import run_launcher
 
     crash = "import sys; sys.stderr.write('Traceback (most recent call last):\\nValueError: boom\\n'); sys.exit(1)"
     assert run_launcher([sys.executable, "-c", crash]) == 1
@@ -81,9 +82,9 @@ def test_what_a_failing_launcher_says_otherwise_is_shown_as_it_is(capfd):
 
 
 def test_an_error_line_is_one_write_outside_a_launch(monkeypatch, capfd):
-    from bert_mp.core.run import console
+    from bert_mp.core.process import console, notes
 
-    monkeypatch.delenv(console.LAUNCH_ERRORS_ENV, raising=False)
+    monkeypatch.delenv(notes.LAUNCH_ERRORS_ENV, raising=False)
     console.error("bert-mp train: error: x", 2)
     assert capfd.readouterr().err == "bert-mp train: error: x\n"
 
@@ -140,11 +141,11 @@ Root Cause (first observed failure):
 DYING_LAUNCHER = r"""
 import json, os, sys
 from pathlib import Path
-from bert_mp.core.run import console
+from bert_mp.core.process import console, notes
 run = Path("run")
 (run / "checkpoints" / "step_00000006").mkdir(parents=True)
-console.tell_launcher_the_run_folder(run)
-console.tell_launcher(console.CHECKPOINT_NOTE, run / "checkpoints" / "step_00000006")
+notes.tell_launcher_the_run_folder(run)
+notes.tell_launcher(notes.CHECKPOINT_NOTE, run / "checkpoints" / "step_00000006")
 (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "kind": "train"}) + "\n" for s in range(1, 8)))
 sys.stderr.write("[rank0]: Traceback (most recent call last):\n[rank0]: RuntimeError: Connection reset by peer\n")
 sys.stderr.write("Traceback (most recent call last):\n  File x\n" + sys.argv[1])
@@ -155,8 +156,8 @@ sys.exit(1)
 def test_a_rank_killed_by_a_signal_is_one_line_and_the_rest_goes_to_the_run_folder_log(
     tmp_path, monkeypatch, capfd
 ):
-    from bert_mp.core.run.launch import LaunchContext, run_launcher
-    from bert_mp.core.run.launch_report import RANK_DIED_EXIT_CODE
+    from bert_mp.launch.command import LaunchContext, run_launcher
+    from bert_mp.launch.report import RANK_DIED_EXIT_CODE
 
     monkeypatch.chdir(tmp_path)
     argv = ["--num_processes", "2", "train", "r.yaml", "train.save_every=2", "train.resume=latest"]
@@ -177,7 +178,7 @@ def test_a_rank_killed_by_a_signal_is_one_line_and_the_rest_goes_to_the_run_fold
 
 
 def test_the_rank_that_died_first_is_named_whatever_torch_elastic_calls_the_root_cause():
-    from bert_mp.core.run.launch_report import culprit, parse_failures
+    from bert_mp.launch.report import culprit, parse_failures
 
     failures = parse_failures(ELASTIC_TABLE)
     assert [(f.rank, f.exitcode, f.pid, f.root) for f in failures] == [
@@ -191,10 +192,10 @@ def test_the_rank_that_died_first_is_named_whatever_torch_elastic_calls_the_root
 
 
 def test_a_stopped_rank_leaves_its_exit_code_and_the_launcher_report_is_dropped(capfd):
-    from bert_mp.core.run.launch import run_launcher
+    from bert_mp.launch.command import run_launcher
 
     stopped = (
-        "import sys; from bert_mp.core.run import console; console.ended(3); "
+        "import sys; from bert_mp.core.process import console; console.ended(3); "
         f"sys.stderr.write({ELASTIC_TABLE!r}); sys.exit(1)"
     )
     assert run_launcher([sys.executable, "-c", stopped]) == 3
@@ -202,7 +203,7 @@ def test_a_stopped_rank_leaves_its_exit_code_and_the_launcher_report_is_dropped(
 
 
 def test_machines_meet_through_the_engine_with_the_join_timeout_and_a_timeout_is_one_line():
-    from bert_mp.core.run.machines import Machines, join_failure, rendezvous_options
+    from bert_mp.launch.machines import Machines, join_failure, rendezvous_options
 
     assert rendezvous_options(["--num_machines", "2"], 2.5) == [
         "--num_machines",
@@ -236,14 +237,14 @@ def test_a_rank_keeps_running_when_its_launchers_pipe_is_gone():
     a write there (a progress bar) must not end the rank before it has saved."""
     import subprocess
 
-    from bert_mp.core.run import console
+    from bert_mp.core.process import notes
 
     child = (
-        "import sys; from bert_mp.core.run import console; console.guard_stderr_under_launch(); "
+        "import sys; from bert_mp.core.process import notes; notes.guard_stderr_under_launch(); "
         "sys.stdin.readline(); [sys.stderr.write('bar ' * 1000 + '\\n') for _ in range(100)]; sys.stderr.flush(); "
         "print('saved', flush=True)"
     )
-    env = {**os.environ, console.LAUNCH_ERRORS_ENV: "/"}
+    env = {**os.environ, notes.LAUNCH_ERRORS_ENV: "/"}
     proc = subprocess.Popen(
         [sys.executable, "-c", child],
         stdin=subprocess.PIPE,
@@ -265,7 +266,7 @@ def _stand_in():
 
 
 def test_the_watch_sees_its_launcher_end(monkeypatch):
-    from bert_mp.core.run import launcher
+    from bert_mp.core.process import launcher
 
     assert not launcher.LauncherWatch(None).gone()  # not under bert-mp launch: never
     for pidfd in (True, False):
@@ -295,9 +296,9 @@ def test_the_launcher_knows_a_cpu_build_of_torch_without_importing_it(tmp_path, 
     import subprocess
     import types
 
-    from bert_mp.core.run import launch
+    from bert_mp.launch import command as launch
 
-    code = "import sys; from bert_mp.core.run.launch import cuda_available as c; print(c(), 'torch' in sys.modules)"
+    code = "import sys; from bert_mp.launch.command import cuda_available as c; print(c(), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     import torch
 
@@ -326,12 +327,12 @@ def test_a_stopped_rank_under_a_launcher_outlives_the_agents_sigterm_before_and_
     short. Each case in a fresh process that stands in for its own launcher."""
     import subprocess
 
-    from bert_mp.core.run import launcher
+    from bert_mp.core.process import launcher
 
     code = (
         "import os, signal, types\n"
         "from bert_mp.core.loop.state import stop_on_signals\n"
-        "from bert_mp.core.run.launcher import relay_stop\n"
+        "from bert_mp.core.process.launcher import relay_stop\n"
         "state = types.SimpleNamespace(pending_signal=None)\n"
         "with stop_on_signals(state, then_ignore=True):\n"
         "    if EARLY:\n"
