@@ -191,7 +191,7 @@ def command(argv: Sequence[str]) -> int:
 def cuda_available() -> bool:
     """``torch.cuda.is_available()``, without importing torch (~2 CPU seconds) where the answer is
     certain: False when the installed torch is built without CUDA or ROCm (its ``torch/version.py``,
-    read alone). With a GPU build, torch is asked, as before."""
+    read alone). With a GPU build, torch is asked."""
     import importlib.util
 
     spec = importlib.util.find_spec("torch")

@@ -1,8 +1,8 @@
 """``model.attention_kernel``: which fused attention kernel serves SDPA, chosen by name or by measurement.
 
 torch's SDPA picks among its kernels (cuDNN, flash, memory-efficient, math) by a fixed priority and
-what each supports (a padding mask rules flash out). ``auto`` keeps that priority unless a lease
-measured another kernel faster on the device (:data:`ATTENTION_AUTO`); a named kernel restricts SDPA
+what each supports (a padding mask rules flash out). ``auto`` keeps that priority unless another
+kernel was measured faster on the device (:data:`ATTENTION_AUTO`, docs/gpu.md); a named kernel restricts SDPA
 to it (its backward follows the forward's kernel). ``flash`` is torch's varlen flash kernel on the
 unpadded stream (``bert_mp.model.unpad``), not an SDPA restriction.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 ATTENTION_AUTO: dict[str, str] = {}
-"""``model.attention_kernel=auto`` per device (``cuda:sm90`` for Hopper): the kernel a lease measured
-fastest (docs/gpu.md); a device not listed keeps torch's own priority."""
+"""``model.attention_kernel=auto`` per device (``cuda:sm90`` for Hopper): the kernel measured
+fastest there (docs/gpu.md); a device not listed keeps torch's own priority."""
 
 
 def attention_key(device: torch.device | str) -> str:

@@ -292,7 +292,7 @@ def mark_step() -> None:
     A process that compiles nothing never imports inductor's CUDA-graph trees (0.5 CPU s of imports,
     ``torch._inductor.compile_fx`` with them), so no tree can exist to read the counter: the mark is
     skipped there. :func:`compile_model` imports the trees before the first step, so a compiled run
-    marks every step from the first, as before."""
+    marks every step from the first."""
     if _CUDAGRAPH_TREES not in sys.modules:
         return
     mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)

@@ -110,7 +110,7 @@ def working_batch(global_batch: int, micro_batch: int, world: int, global_key: s
 def stop_on_signals(state: LoopState, then_ignore: bool = False) -> Iterator[None]:
     """SIGTERM / SIGINT ask the loop to save a checkpoint and stop after the current step.
 
-    ``then_ignore``: on leaving, the two signals are ignored instead of handled as before - for a
+    ``then_ignore``: on leaving, the two signals are ignored instead of restored to their earlier handlers - for a
     rank under ``bert-mp launch`` whose run has stopped and saved: torch elastic's agent sends SIGTERM
     to the ranks still running once another has exited (or once its launcher passes a signal on), and
     under the default handling that SIGTERM ended the rank before its stopped line.
