@@ -172,8 +172,8 @@ def _launch(argv: list[str]) -> int:
 def _check_model_references(command: str, cfg: Any) -> None:
     """Where the weights come from (``model.init_from``; ``finetune.checkpoint`` and ``.tokenizer``),
     checked before the command's libraries load: a mistyped folder or an unknown Hub name is one line at
-    once, not after torch's and transformers' start-up. The command checks them again (the Hub is asked
-    once a process: bert_mp.model.hub)."""
+    once, not after torch's and transformers' start-up. Loading them resolves them again from this
+    process's memory (the Hub is asked once a process: bert_mp.model.hub)."""
     if command == "train" and cfg.model.init_from:
         from bert_mp.model.sources import check_init_from
 

@@ -1,14 +1,10 @@
 """``bert-mp finetune``: the fine-tuning loop, sequence classification with plain transformers.
 
-The classifier comes from :mod:`bert_mp.finetune.model` (checkpoint and tokenizer resolution), the
-tokenised splits from :mod:`bert_mp.finetune.tasks`, evaluation and best-model selection from
-:mod:`bert_mp.finetune.metrics`; this module holds fine-tuning's parts of the loop. The loop itself
-is the skeleton pretraining runs too (:class:`bert_mp.core.loop.skeleton.TrainingLoop`: the run, the
-optimizer update, a signal stop, saving, the stopped end) - Accelerate, one precision plan from
-:mod:`bert_mp.core.numerics.precision`, fp32 loss, fp16 steps skipped by the scaler advance neither the
-scheduler nor the step count - over the training core it shares with pretraining: the same numerics guard (non-finite loss, fp16 overflow streaks, loss-scale
-collapse), epoch order (:func:`bert_mp.core.loop.epochs.epoch_order`), checkpoints and resume
-(``finetune.resume=latest``), SIGTERM handling and run log. It writes ``config.yaml``,
+The classifier comes from :mod:`bert_mp.finetune.model`, the tokenised splits from
+:mod:`bert_mp.finetune.tasks`, evaluation and best-model selection from :mod:`bert_mp.finetune.metrics`;
+this module holds fine-tuning's parts of the loop whose skeleton, set-up sequence, guard, checkpoints
+and resume (``finetune.resume=latest``) pretraining shares (:mod:`bert_mp.core.loop`); the loss is
+fp32 in every precision. It writes ``config.yaml``,
 ``metrics.jsonl``, ``summary.json``, ``checkpoints/`` (on a stop, or every ``finetune.save_every``
 steps) and ``final/`` (save_pretrained + tokenizer) into ``finetune.output_dir``.
 """

@@ -1,8 +1,8 @@
 """Where ``model.init_from`` comes from, checked without torch or transformers.
 
 The CLI calls :func:`check_init_from` right after the config loads, so a mistyped folder or an unknown
-Hub name is one line at once rather than after the model libraries' start-up; the trainer calls it
-again (answered from the same process's memory, :mod:`bert_mp.model.hub`).
+Hub name is one line at once rather than after the model libraries' start-up; loading the weights
+resolves it again, answered from the same process's memory (:mod:`bert_mp.model.hub`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``bert-mp train``: pretrain ``BertForPreTraining`` with Accelerate under fp32 / tf32 / bf16 / fp16.
 
-The loop's skeleton - ``run``, the update after a backward, saving, the stopped end, the summary's
-common fields - is :class:`bert_mp.core.loop.skeleton.TrainingLoop`; :class:`Trainer` supplies
-pretraining's parts: set-up (data, model, callbacks), the loader, the step (:mod:`.step`), the
-device-side step metrics and their flush, evaluation, and the end of a finished run (final
-evaluation, save, export). The shared core objects: the accelerator and precision plan
-(:mod:`bert_mp.core.engine.accelerator`), the numerics guard (:mod:`bert_mp.core.loop.numerics_guard`), the run log
-(:mod:`bert_mp.core.loop.run_log`) and the checkpointer, which knows when to save
-(:mod:`bert_mp.core.loop.checkpoint_saver`).
+The loop's skeleton and its set-up sequence are :mod:`bert_mp.core.loop`; :class:`Trainer` supplies
+pretraining's parts: its pieces of the set-up (data, model wrap, engine settings, callbacks), the
+loader, the step (:mod:`.step`), the device-side step metrics and their flush, evaluation, and the
+end of a finished run (final evaluation, save, export).
 
 Semantics worth knowing:
 

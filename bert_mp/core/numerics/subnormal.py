@@ -31,7 +31,7 @@ def flush_denormal(on: bool) -> str:
     only this module's own setting); returns what is in effect afterwards, one of :data:`EFFECTS`."""
     import torch
 
-    if on and not _SET_HERE:  # set once a process (the CLI sets it first); a later call checks it
+    if on:
         if not torch.set_flush_denormal(True):
             return "unsupported"
         _SET_HERE[:] = [True]
