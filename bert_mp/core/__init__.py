@@ -1,4 +1,4 @@
-"""The shared core under the products (data, model, pretrain, finetune, sweep), in rooms by concern.
+"""The shared core under the products (data, model, pretrain, finetune, sweep, launch), in rooms by concern.
 
 Bottom up; a room imports only the rooms below it (``tests/unit/test_layering.py`` checks it):
 

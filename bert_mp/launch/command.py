@@ -88,7 +88,7 @@ def run_launcher(argv: Sequence[str], context: LaunchContext | None = None) -> i
     with a mistake in the input leaves its one line for this process (``console.error``): the lowest
     rank's line is printed once and its exit code returned (2, or 4 for a refused write); a run that
     stopped leaves its exit code (``console.ended``). A rank that died (a signal, a crash) is one line
-    (:mod:`.launch_report`), exit :data:`RANK_DIED_EXIT_CODE`; machines that did not meet are one line,
+    (:mod:`.report`), exit :data:`RANK_DIED_EXIT_CODE`; machines that did not meet are one line,
     exit 2. The launcher's own report of what happened (a traceback, exit 1) is dropped then; anything
     else the launcher or a rank wrote on stderr meanwhile is shown. All of it is kept in the run
     folder's ``launch.log``."""

@@ -10,14 +10,10 @@ the engine raises when it runs out into one line (:func:`join_failure`, exit 2):
 machines that did not come; another machine's ``DistNetworkError`` (its client timed out connecting)
 says that machine 0 did not answer. Nothing has trained by then.
 
-Torch elastic's c10d rendezvous (``--rdzv_backend c10d``, ``join_timeout``) was measured and is not
-the default: it ignores ``--machine_rank`` (torch warns ``node_rank is only used for static
-rdzv_backend``) and numbers the machines by host name and agent pid, so the run's rank 0 - the
-process that writes the run folder, holds its lock and prints - can land on any machine; and its
-timeout ends in a bare ``RendezvousTimeoutError``. A launch that asks for it gets it, with
-``join_timeout`` set from ``--join_timeout`` (docs/architecture.md).
-
-A stop that reaches one machine is passed on to the others by the ranks: :mod:`.launcher`.
+Torch elastic's c10d rendezvous is not the default (it ignores ``--machine_rank``, so rank 0 can land
+on any machine; docs/architecture.md has the measurement); a launch that asks for it gets it, with
+``join_timeout`` set from ``--join_timeout``. A stop that reaches one machine is passed on to the
+others by the ranks: :mod:`bert_mp.core.process.launcher`.
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ def rotate(ckpt_dir: Path, total_limit: int) -> None:
 def load_checkpoint(accelerator: Any, folder: Path) -> dict:
     """Restore model/optimizer/scaler/scheduler/RNG from a verified checkpoint; returns the loop state.
 
-    Nothing is read before the folder verifies; nothing read can execute code (:mod:`.state_io`).
+    Nothing is read before the folder verifies; nothing read can execute code (:mod:`.state_codec`).
     """
     folder = Path(folder)
     problem = verify(folder)
