@@ -210,13 +210,14 @@ class Trainer(TrainingLoop):
         configure_fsdp(self.accelerator)  # fp32 sharded parameters and reductions, autocast for 16-bit math
 
     def build_callbacks(self) -> list[Any]:
-        """``train.callbacks``; then the data the checkpoints record and the step metrics' buffer."""
+        """``train.callbacks``, and the buffer of device-side step metrics they are fed from."""
         tc = self.tc
         self.sync_each_step = syncs_each_step(tc.metrics_sync, self.accelerator.device)
         self.pending = DeviceStepMetrics(keys=(*StepTotals.names(), "grad_norm"), log_every=tc.log_every)
         return build_callbacks(self.cfg)
 
     def set_up(self) -> None:
+        """The shared sequence; the checkpoints then record the data's fingerprint (a resume compares it)."""
         super().set_up()
         self.checkpointer.meta = {"data_fingerprint": self.data.stats.get("fingerprint")}
 
