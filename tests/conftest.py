@@ -24,7 +24,7 @@ for _sig, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQ
     if signal.getsignal(_sig) is signal.SIG_IGN:
         signal.signal(_sig, _handler)
 
-CPU_MASK_ENV = "BERT_MP_CPU_MASK"  # bert_mp.precision.CPU_MASK_ENV (not imported here: see below)
+CPU_MASK_ENV = "BERT_MP_CPU_MASK"  # numerics.precision.CPU_MASK_ENV (not imported here: see below)
 FRESH_ENV = "BERT_MP_TEST_FRESH"
 """``1`` (scripts/test.sh's full run, so every CI run): the tests marked ``signals`` (every test that acts
 on a running process) or ``fresh`` (the README's commands) start their commands as fresh processes,

@@ -360,7 +360,8 @@ def large(args: argparse.Namespace, work: Path, report: dict, out: Path) -> None
 def parity(args: argparse.Namespace, data: Any, data_cfg: Any, work: Path, report: dict, out: Path) -> dict:
     """``--large-steps`` steps each of bf16 (seeds 1, 2) and fp8 (seed 1); fp8's verdict against bf16."""
     from bench.harness import bench_bert_mp
-    from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
+    from bert_mp.pretrain.parity_monitor import load_curves
+    from bert_mp.sweep.parity import VerdictRules, verdict
 
     runs = {"bf16": ("bf16", 1), "bf16_seed2": ("bf16", 2), "fp8": ("fp8", 1)}
     bargs = _bench_args(args, args.large_preset, args.large_steps, 0, args.large_seq, args.large_micro_batch)

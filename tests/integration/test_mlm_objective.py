@@ -9,7 +9,8 @@ from support import finetune_overrides, run_cli
 from transformers import BertForPreTraining, BertForSequenceClassification
 
 from bert_mp.core.storage.files import read_jsonl
-from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
+from bert_mp.pretrain.parity_monitor import load_curves
+from bert_mp.sweep.parity import VerdictRules, verdict
 
 
 def test_mlm_objective_prepare_train_sweep_export_finetune(tmp_path):

@@ -48,7 +48,8 @@ def test_tiny_sweep_end_to_end(tmp_path, monkeypatch, capsys):
     from bert_mp.core.numerics import precision
     from bert_mp.core.process import conditions
     from bert_mp.errors import HardwareError
-    from bert_mp.sweep.parity import VerdictRules, load_curves, verdict
+    from bert_mp.pretrain.parity_monitor import load_curves
+    from bert_mp.sweep.parity import VerdictRules, verdict
 
     real = precision.resolve_precision
 
