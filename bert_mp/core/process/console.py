@@ -9,15 +9,12 @@ line comes from the data preparation that ``bert-mp train`` runs first).
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 from typing import TextIO
 
 from bert_mp.core.process import notes
 
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
-"""Where launchers put a process's global rank (torchrun / accelerate, Open MPI, MPICH, MVAPICH)."""
 _COMMAND = ["bert-mp"]
 
 
@@ -59,8 +56,7 @@ def error(line: str, exit_code: int) -> None:
     """A command's one error line. Under ``bert-mp launch``: left for the launcher
     (:data:`~bert_mp.core.process.notes.LAUNCH_ERRORS_ENV`); otherwise on stderr in one write, so the lines of several ranks
     (a plain ``accelerate launch``) never run together."""
-    if notes.launch_folder() is not None:
-        notes.leave(notes.rank_file(), json.dumps({"line": line, "exit_code": exit_code}))
+    if notes.leave_exit(line, exit_code):
         return
     data = line + "\n"
     try:
@@ -76,5 +72,5 @@ def error(line: str, exit_code: int) -> None:
 def ended(exit_code: int) -> None:
     """Under ``bert-mp launch``: a rank's run ended with ``exit_code`` (not 0) and printed what it had
     to say; the launcher exits with that code instead of showing torch elastic's report of it."""
-    if exit_code and notes.launch_folder() is not None:
-        notes.leave(notes.rank_file(), json.dumps({"line": None, "exit_code": exit_code}))
+    if exit_code:
+        notes.leave_exit(None, exit_code)

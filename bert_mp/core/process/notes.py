@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+"""Where launchers put a process's global rank (torchrun / accelerate, Open MPI, MPICH, MVAPICH)."""
 
 LAUNCH_ERRORS_ENV = "BERT_MP_LAUNCH_ERRORS"
 """Set by ``bert-mp launch`` for the processes it starts: a folder where a rank leaves its error line
@@ -38,6 +39,15 @@ def leave(name: str, text: str) -> None:
 def rank_file() -> str:
     rank = next((os.environ[v] for v in RANK_VARS if os.environ.get(v, "").isdigit()), "0")
     return f"rank-{int(rank):06d}.json"
+
+
+def leave_exit(line: str | None, exit_code: int) -> bool:
+    """Under ``bert-mp launch``: leave this rank's error line (None: it printed its own) and exit code
+    for the launcher (:func:`launch_errors` reads them); False where there is no launcher to tell."""
+    if launch_folder() is None:
+        return False
+    leave(rank_file(), json.dumps({"line": line, "exit_code": exit_code}))
+    return True
 
 
 RUN_FOLDER_NOTE, CHECKPOINT_NOTE = "run_folder", "last_checkpoint"
