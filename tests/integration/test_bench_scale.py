@@ -25,8 +25,8 @@ def test_bench_prepare_scale_runs(tmp_path):
     """The whole benchmark through its children (their parts in this process, fast:
     unit/scripts/test_prepare_scale.py)."""
     out = tmp_path / "scale.json"
-    script = str(ROOT / "scripts" / "bench" / "prepare_scale.py")
-    sizes = ["--size", "200KB", "--reference-sizes", "100KB", "--vocab-size", "300"]
+    script = str(ROOT / "scripts" / "bench" / "prepare.py")
+    sizes = ["--mode", "scale", "--size", "200KB", "--reference-sizes", "100KB", "--vocab-size", "300"]
     _run(
         [
             script,
@@ -45,9 +45,10 @@ def test_bench_prepare_scale_runs(tmp_path):
     assert set(report["learned"]) == {"100KB", "200KB"}
     assert all(c["duplicate_documents"] == 0 for c in report["corpora"].values())
     assert [t["order"] for t in report["trials"]] == [
-        ["given", "tokenize", "tokenize_same_malloc"],
-        ["tokenize", "tokenize_same_malloc", "given"],
+        ["given", "tokenize", "tokenize_plain_ascii", "tokenize_same_malloc"],
+        ["tokenize", "tokenize_plain_ascii", "tokenize_same_malloc", "given"],
     ]
+    assert report["mode"] == "scale" and report["command"].startswith("python ")
     s = report["summary"]
     assert 0 < s["vocabulary_share_of_wall"] < 1 and set(s["peak_anon_ratio_to_references"]) == {"100KB"}
     assert set(s["given_tokenizer_ratio_median"]) == {
@@ -55,6 +56,9 @@ def test_bench_prepare_scale_runs(tmp_path):
         "tokenize_stage",
         "whole_cpu",
         "whole_same_malloc",
+        "whole_vs_same_encoders",
+        "tokenize_stage_vs_same_encoders",
+        "whole_cpu_vs_same_encoders",
     }
     assert all(t["ratios"]["same_tokens"] for t in report["trials"])
 
