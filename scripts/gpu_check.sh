@@ -8,7 +8,7 @@
 # Python: $PYTHON, else .venv's (bash scripts/bootstrap.sh installs the lock with a CUDA torch), else
 # python3 with the machine's own torch. --wheels DIR (a machine without a package index): first
 # installs what that Python lacks from the wheels scripts/gpu_wheels.sh downloaded, at the lock's
-# versions, into .gpu_venv (which sees the machine's own packages, torch among them).
+# versions, into .gpu_venv (a virtual environment that also sees that Python's packages, its torch too).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,13 +23,18 @@ while [ "$#" -gt 0 ]; do
   esac
 done
 if [ -n "${WHEELS:-}" ]; then
-  [ -x .gpu_venv/bin/python ] || "$PY" -m venv --system-site-packages .gpu_venv
-  PY=.gpu_venv/bin/python
+  if [ ! -x .gpu_venv/bin/python ]; then  # the machine's own packages behind what is installed here
+    "$PY" -m venv --without-pip .gpu_venv  # installed into by the machine's own pip (--python)
+    SITE="$(.gpu_venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' >"$SITE/machine.pth"
+  fi
   grep -v '^torch==' constraints.txt >.gpu_venv/constraints.txt
   DEPS="$("$PY" -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 print(" ".join(x for x in d if not x.startswith("torch>")))')"
   # shellcheck disable=SC2086  # one argument per requirement
-  "$PY" -m pip install -q --no-index --find-links "$WHEELS" -c .gpu_venv/constraints.txt $DEPS pytest
+  "$PY" -m pip --python .gpu_venv/bin/python install -q --no-index --find-links "$WHEELS" \
+    -c .gpu_venv/constraints.txt $DEPS pytest
+  PY=.gpu_venv/bin/python
 fi
 export PYTHONPATH="$ROOT:$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"  # bert_mp from the clone; gpu.check
 exec "$PY" -m gpu.check "${ARGS[@]}"
