@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,10 @@ def read_lock(path: Path) -> dict[str, str]:
     return pins
 
 
-def installed(prefix: str = sys.prefix) -> dict[str, str]:
-    """Every distribution of the environment at ``prefix``, versions without a local tag (``+cpu``)."""
-    paths = [p for p in sys.path if p.startswith(prefix)]
+def installed() -> dict[str, str]:
+    """Every distribution installed in the running environment's site-packages (what ``pip freeze``
+    lists; not what a library vendors on ``sys.path``), versions without a local tag (``+cpu``)."""
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     found = {
         canon(d.metadata["Name"]): d.version.split("+")[0]
         for d in importlib.metadata.distributions(path=paths)
