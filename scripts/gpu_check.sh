@@ -18,7 +18,9 @@ PY="${PY:-python3}"
 ARGS=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
-    --wheels) WHEELS="$2"; shift 2 ;;
+    --wheels)
+      [ "$#" -ge 2 ] || { echo "gpu_check.sh: error: --wheels needs a folder" >&2; exit 2; }
+      WHEELS="$2"; shift 2 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
