@@ -17,6 +17,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +48,8 @@ SWEEP_DRY += ["train.warmup_steps=1", "train.eval_every=0", "train.eval_max_batc
 SWEEP_DRY += ["data.num_proc=1", "sweep.precisions=[fp32]", "sweep.recipe_precision=fp32"]
 SWEEP_DRY += ["sweep.profile_steps=0", "sweep.parity_window=2", "data.max_seq_length=32"]
 CORPUS = ROOT / "runs" / "gpu_corpus"
+VERBOSE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)\b", re.MULTILINE)
+"""A test's line in ``pytest -v`` output."""
 
 
 def docstrings(path: Path) -> str:
@@ -79,7 +82,10 @@ def write_docstring_corpus(dest: Path, max_bytes: int, roots: list[Path]) -> dic
 def tests_phase(args: argparse.Namespace, state: Path) -> tuple[list[str], Path]:
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu or not slow", "-rfE"]
     cmd += [f"--junitxml={state / 'junit.xml'}", *GPU_TESTS, *(["-k", args.tests_k] if args.tests_k else [])]
-    return cmd, state / "junit.xml"
+    (state / "junit.xml").unlink(missing_ok=True)
+    # the verbose lines also into tests.log: a run cut before pytest writes its report is counted from them
+    tee = f'set -o pipefail; "$@" 2>&1 | tee {state / "tests.log"}'
+    return ["bash", "-c", tee, "pytest", *cmd], state / "junit.xml"
 
 
 def bench_phase(args: argparse.Namespace, state: Path) -> tuple[list[str], Path]:
@@ -106,6 +112,15 @@ def sweep_phase(args: argparse.Namespace, state: Path) -> tuple[list[str], Path]
 
 def rows(phase: str, found: Path) -> dict[str, Any]:
     """What a phase has measured so far, read from what its child wrote (nothing yet: empty)."""
+    if phase == "tests" and not found.is_file() and found.with_name("tests.log").is_file():
+        lines = VERBOSE.findall(found.with_name("tests.log").read_text(errors="replace"))
+        failed = [name for name, outcome in lines if outcome in ("FAILED", "ERROR")]
+        skipped = sum(outcome == "SKIPPED" for _, outcome in lines)
+        return (
+            {"passed": len(lines) - len(failed) - skipped, "skipped": skipped, "failed": failed}
+            if lines
+            else {}
+        )
     if phase == "tests" and found.is_file():
         import xml.etree.ElementTree as ET
 

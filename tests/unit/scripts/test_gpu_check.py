@@ -53,7 +53,13 @@ def test_tests_are_counted_from_the_junit_report(tmp_path):
     measured = check.rows("tests", junit)
     assert measured == {"passed": 1, "skipped": 1, "failed": ["a::t2", "a::t4"]}
     assert check.count("tests", measured) == 3
-    assert check.rows("tests", tmp_path / "none.xml") == {}  # cut before pytest wrote its report
+    junit.unlink()  # cut before pytest wrote its report: counted from its verbose lines
+    assert check.rows("tests", junit) == {}
+    (tmp_path / "tests.log").write_text(
+        "collected 3 items\n\ntests/a.py::t1 PASSED   [ 33%]\ntests/a.py::t2[x] FAILED [ 66%]\n"
+        "tests/a.py::t3 SKIPPED (needs a CUDA device) [100%]\n"
+    )
+    assert check.rows("tests", junit) == {"passed": 1, "skipped": 1, "failed": ["tests/a.py::t2[x]"]}
 
 
 def test_sweep_runs_and_verdicts_are_read_from_the_sweep_folder(tmp_path):
