@@ -63,7 +63,7 @@ def pytest_report_header(config):
 
 TEST_TIMEOUT_ENV = "BERT_MP_TEST_TIMEOUT"
 """Seconds each test may take (setup, call, teardown), enforced with SIGALRM; unset or 0: no limit.
-scripts/gpu/cuda_tests.py sets it so one hung test cannot eat a lent machine's command."""
+scripts/gpu/check.py sets it so one hung test cannot eat the GPU check's budget."""
 
 
 @pytest.hookimpl(hookwrapper=True)

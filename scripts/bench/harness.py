@@ -274,7 +274,7 @@ def gemm_rate(device: Any = None, n: int | None = None, reps: int = 10) -> dict[
 def inductor_probe() -> dict[str, Any]:
     """A tiny function compiled by inductor (compile left on even under ``TORCH_COMPILE_DISABLE``): whether
     its compiled graph came from inductor's FX-graph cache, where that cache is, and the compile's
-    seconds. The GPU check's CPU rehearsal uses it to see a carried cache reach the next command."""
+    seconds (``levers.py --cache-probe``: whether a cache made by an earlier command is found)."""
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -347,7 +347,7 @@ def corpus_data(corpus: str, args, work: Path):
         n = getattr(args, "synthetic_examples", 512)
         return synthetic_prepared(n, args.seq, vocab, -(-vocab // 64) * 64), data_cfg
     if corpus == "short":
-        from bench.prepare import write_corpus
+        from bench.prepare_parts import write_corpus
 
         files = write_corpus(work / "short", args.corpus_bytes, "short")
         data_cfg = replace(data_cfg, source="text", paths=[str(f) for f in files])

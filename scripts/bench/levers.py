@@ -420,7 +420,11 @@ def main() -> None:
     p.add_argument("--large-seq", type=int, default=512)
     p.add_argument("--large-micro-batch", type=int, default=32)
     p.add_argument("--large-steps", type=int, default=200, help="steps of each parity run")
-    p.add_argument("--allow-emulated", action="store_true", help="CPU rehearsal: bf16 / fp8 emulated")
+    p.add_argument(
+        "--allow-emulated",
+        action="store_true",
+        help="bf16 / fp8 emulated on a CPU without them (numerics, not speed)",
+    )
     p.add_argument(
         "--cache-probe",
         action="store_true",

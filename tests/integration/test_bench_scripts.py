@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,9 +15,9 @@ from support import ROOT
 from bert_mp.data import allocator
 
 
-def _run(args: list[str], cwd: Path) -> None:
+def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
     # forked from the suite's server: the scripts keep to bert-mp's quiet defaults (tests/forkserver.py)
-    r = forkserver.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    r = forkserver.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -155,3 +156,60 @@ def test_profile_step_records_only_the_timed_steps(tmp_path):
     for row in report["paths"].values():
         assert row["profiled_optimizer_steps"] == 2 and row["profiled_events"] > 0
         assert row["bench"]["tokens_per_sec"] > 0
+
+
+def test_bench_levers_runs_the_ladder_and_bert_large(tmp_path):
+    """scripts/bench/levers.py at toy size, compile off (its sequence, not inductor on a CPU): each lever
+    row in order with both ceilings (MFU: none on a CPU; the share of the GEMM rate it measured), the
+    profile, SDPA's kernels timed, the cache probe; then BERT-large's bf16 / fp8 rows and fp8's parity."""
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1"}
+    tiny = ["--steps", "1", "--warmup", "1", "--corpus", "synthetic", "--vocab", "512", "--allow-emulated"]
+    out = tmp_path / "levers.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "bench" / "levers.py"),
+            *(
+                "--preset",
+                "tiny",
+                "--seq",
+                "32",
+                "--micro-batch",
+                "4",
+                "--heads",
+                "2",
+                "--attention-reps",
+                "1",
+            ),
+            *("--profile-steps", "1", "--profile-warmup", "1", "--cache-probe", *tiny),
+            *("--levers", "cuda_graphs", "--profile", "--attention", "--late-levers", "max_autotune"),
+            *("--extra-levers", "token_budget,varlen,no_attention_dropout", "--out", str(out)),
+        ],
+        tmp_path,
+        env,
+    )
+    report = json.loads(out.read_text())
+    rows = report["ladder"] + report["extra"]
+    got = [r["lever"] for r in rows[:2]] + [
+        r["lever"].rpartition("+")[2] for r in rows[2:]
+    ]  # on the best row
+    assert got == ["eager", "cuda_graphs", "token_budget", "varlen", "no_attention_dropout", "max_autotune"]
+    assert all(r["positions_per_sec"] >= r["tokens_per_sec"] > 0 and r["mfu"] is None for r in rows)
+    assert all(r["gemm_share"] > 0 for r in rows) and report["gemm_rate"]["flops_per_sec"] > 0
+    assert [r["recipe_change"] for r in report["extra"][:3]] == [False, True, True]
+    assert report["extra"][0]["token_budget"]["attention"] == "block_diagonal"  # no varlen on a CPU
+    assert report["profile"]["profiled_steps"] and report["attention"]["dropout_0"]
+    assert report["cache_probe"]["fxgraph_cache_miss"] + report["cache_probe"]["fxgraph_cache_hit"] == 1
+    large = tmp_path / "large.json"
+    _run(
+        [
+            str(ROOT / "scripts" / "bench" / "levers.py"),
+            *("--no-ladder", "--large", "--large-preset", "tiny", "--large-seq", "32"),
+            *("--large-micro-batch", "2", "--large-steps", "2", *tiny, "--out", str(large)),
+        ],
+        tmp_path,
+        env,
+    )
+    big = json.loads(large.read_text())["large"]
+    assert all(big["speed"][p]["tokens_per_sec"] > 0 for p in ("bf16", "fp8")), big
+    assert set(big["parity"]["runs"]) == {"bf16", "bf16_seed2", "fp8"}, big["parity"]
+    assert big["parity"]["verdict"]["status"] in ("pass", "warn", "fail")

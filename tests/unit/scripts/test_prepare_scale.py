@@ -1,4 +1,4 @@
-"""The prepare-at-scale benchmark's parts, in this process: the generated corpus (the same on every
+"""The prepare benchmark's scale mode (scripts/bench/prepare.py --mode scale) in parts, in this process: the generated corpus (the same on every
 run, realistic document lengths, no duplicates) and one prepare and one tokenize-only measured the way
 its children measure them, with the figures its summary reports (the whole script through its
 children: integration/test_bench_scale.py, slow)."""
@@ -47,19 +47,19 @@ def test_the_generated_corpus_is_fixed_by_its_seed_with_no_duplicate_and_realist
 
 
 def test_a_prepare_and_a_tokenize_only_are_measured_alike_and_summarized(corpus, tmp_path):
-    scale = load_script("bench/prepare_scale")
+    parts, scale = load_script("bench/prepare_parts"), load_script("bench/prepare")
     folder, files = corpus
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as the benchmark's children have it
-    learned = scale.child_prepare(str(folder), str(tmp_path / "cache"), ["data.vocab_size=300"])
+    learned = parts.child_prepare([str(folder)], str(tmp_path / "cache"), ["data.vocab_size=300"])
     voc = learned["vocabulary"]
     assert voc["whole"] and set(voc["seconds"]) == {"sample", "alphabet", "train"}
     assert 0 < learned["vocabulary_share_of_wall"] < 1 and learned["memory_peaks_bytes"]["anon_total"] > 0
     tokenizer = os.path.join(learned["folder"], "tokenizer")
-    given = scale.child_prepare(str(folder), str(tmp_path / "cache"), [f"data.tokenizer={tokenizer}"])
+    given = parts.child_prepare([str(folder)], str(tmp_path / "cache"), [f"data.tokenizer={tokenizer}"])
     assert given["vocabulary"] is None and given["vocabulary_share_of_wall"] is None
-    tok = scale.child_tokenize([str(f) for f in files], tokenizer, 1, False)
+    tok = parts.child_tokenize([str(f) for f in files], tokenizer, 1)
     assert tok["tokens"] == given["tokens"] > 0  # the same documents, the same tokens
-    plain = scale.child_tokenize([str(f) for f in files], tokenizer, 1, False, True)
+    plain = parts.child_tokenize([str(f) for f in files], tokenizer, 1, plain_ascii_fast=True)
     assert plain["plain_ascii_fast"] and plain["tokens"] == tok["tokens"]  # prepare's encoders: the same ids
     trial = {"given": given, "tokenize": tok, "tokenize_same_malloc": tok, "tokenize_plain_ascii": plain}
     ratios = scale._ratios(trial)
@@ -74,8 +74,8 @@ def test_a_prepare_and_a_tokenize_only_are_measured_alike_and_summarized(corpus,
 
 
 def test_trials_rotate_the_kinds():
-    """Both prepare benchmarks order a trial's measurements so that each kind runs first in turn."""
-    rotated = load_script("bench/prepare").rotated
+    """The prepare benchmark orders a trial's measurements so that each kind runs first in turn."""
+    rotated = load_script("bench/prepare_parts").rotated
     kinds = ["tokenize", "prepare", "tokenize-same-malloc"]
     orders = [rotated(kinds, r) for r in range(4)]
     assert orders == [
@@ -87,3 +87,21 @@ def test_trials_rotate_the_kinds():
     assert rotated(["given", "tokenize"], 1) == ["tokenize", "given"] and rotated(["prepare"], 5) == [
         "prepare"
     ]
+
+
+def test_every_command_the_docs_give_parses():
+    """Each ``python scripts/bench/prepare.py ...`` the docs quote is a valid command of the script."""
+    import re
+    import shlex
+
+    from support import ROOT
+
+    parser = load_script("bench/prepare").parser()
+    pages = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    commands = [
+        c for page in pages for c in re.findall(r"scripts/bench/prepare\.py( --[^`\n]*)", page.read_text())
+    ]
+    assert len(commands) >= 5, commands
+    for command in commands:
+        args = parser.parse_args(shlex.split(command))
+        assert args.mode in ("shapes", "scale"), command
