@@ -3,14 +3,10 @@ fine-tuning folder it finds again: keep a finished run, resume a stopped one, or
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from bert_mp.core.config import config_to_dict
-from bert_mp.core.process.run_dir import config_changes, describe_changes, holds_run
+from bert_mp.core.process.run_dir import changed_since, describe_changes, holds_run, read_status
 
 RESUME = {"resume": ["finetune.resume=latest"], "again": ["finetune.overwrite_output_dir=true"]}
 """The overrides each action adds to the fine-tune's config (``keep`` and ``fresh``: none)."""
@@ -26,28 +22,17 @@ def folder_action(
     from bert_mp.core.checkpoint.store import find_latest
 
     out = Path(cfg.finetune.output_dir)
-    saved = out / "config.yaml"
-    if saved.is_file():
-        changed = config_changes(
-            OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), "finetune"
-        )
-        if changed:
-            return "again", f"config changed since its run ({describe_changes(changed)})"
+    changed = changed_since(out, cfg, "finetune")
+    if changed:
+        return "again", f"config changed since its run ({describe_changes(changed)})"
     summary = out / "summary.json"
-    if _status(summary) in keep:
+    if read_status(out) in keep:
         written = source / "config.json" if source is not None else None
         if written is not None and written.is_file() and written.stat().st_mtime > summary.stat().st_mtime:
             return "again", "its checkpoint was written again since"
-        return "keep", f"{_status(summary)} earlier"
+        return "keep", f"{read_status(out)} earlier"
     if (out / "checkpoints").is_dir() and find_latest(out / "checkpoints") is not None:
         return "resume", "stopped earlier"
     if holds_run(out):
         return "again", "interrupted earlier, before any checkpoint"
     return "fresh", ""
-
-
-def _status(summary: Path) -> str | None:
-    try:
-        return json.loads(summary.read_text(encoding="utf-8")).get("status")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None

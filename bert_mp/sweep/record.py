@@ -233,12 +233,3 @@ class FinetuneSummary:
             )
         names = {f.name for f in fields(cls)} - {"raw"}
         return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
-
-
-def read_status(run_dir: Path) -> str | None:
-    """Only the ``status`` of a run folder's summary.json (None when there is none or it is torn)."""
-    path = Path(run_dir) / SUMMARY
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["status"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
-        return None

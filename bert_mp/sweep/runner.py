@@ -36,7 +36,7 @@ from bert_mp.core.config import (
     load_yaml,
     save_config,
 )
-from bert_mp.core.process.run_dir import config_changes, describe_changes, hold_folder
+from bert_mp.core.process.run_dir import changed_since, describe_changes, hold_folder, read_status
 from bert_mp.core.process.spawn import accelerate_launch, launcher_env
 from bert_mp.core.storage.files import atomic_write_json
 from bert_mp.errors import ConfigError, HardwareError
@@ -49,7 +49,6 @@ from bert_mp.sweep.record import (
     RunEntry,
     RunSummary,
     SweepRecord,
-    read_status,
 )
 
 
@@ -203,14 +202,6 @@ def run_action(run_dir: Path) -> str:
 def rerun_asked(run: RunEntry, names: list[str]) -> bool:
     """Whether ``sweep.rerun`` names this run (its name, or its folder under runs/)."""
     return run.name in names or Path(run.dir).name in names or run.dir.removeprefix("runs/") in names
-
-
-def changed_since(run_dir: Path, cfg: Config) -> dict:
-    """What in ``cfg`` differs from the config the run in ``run_dir`` was trained with (none saved: {})."""
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        return {}
-    return config_changes(OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), "train")
 
 
 def _last_error(log_path: Path) -> str:
@@ -386,7 +377,7 @@ class Sweep:
 
         run_dir = self.root / r.dir
         action = run_action(run_dir)
-        changed = changed_since(run_dir, run_cfg) if action != "fresh" else {}
+        changed = changed_since(run_dir, run_cfg, "train") if action != "fresh" else {}
         if changed:
             # keyed by its resolved config: an earlier run of another config is not this run
             r.earlier = []

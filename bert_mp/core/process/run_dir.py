@@ -21,6 +21,7 @@ a second command into a held folder stops with one line naming the holder. Then,
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
@@ -89,6 +90,27 @@ def config_changes(old: dict, new: dict, section: str) -> dict[str, tuple[Any, A
     }
 
 
+def read_status(run_dir: Path) -> str | None:
+    """Only the ``status`` of a run folder's summary.json (None when there is none or it is torn)."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))["status"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def changed_since(folder: Path, cfg: Any, section: str) -> dict[str, tuple[Any, Any]]:
+    """:func:`config_changes` from the config the run in ``folder`` was trained with to ``cfg``
+    (no ``config.yaml`` saved there: {})."""
+    from omegaconf import OmegaConf
+
+    from bert_mp.core.config import config_to_dict
+
+    saved = Path(folder) / "config.yaml"
+    if not saved.is_file():
+        return {}
+    return config_changes(OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), section)
+
+
 def shape_changes(changes: dict[str, tuple[Any, Any]], section: str) -> list[str]:
     """The changed keys a resume cannot take: the model's shape, the data, the fine-tuning task."""
     keys = {f"model.{k}" for k in _SHAPE_KEYS["model"]} | {f"finetune.{k}" for k in _SHAPE_KEYS["finetune"]}
@@ -98,10 +120,6 @@ def shape_changes(changes: dict[str, tuple[Any, Any]], section: str) -> list[str
 
 def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
     """Before any work: refuse a silent reuse of ``section.output_dir``; returns a resume's allowed changes."""
-    from omegaconf import OmegaConf
-
-    from bert_mp.core.config import config_to_dict
-
     name = section.SECTION
     out = Path(section.output_dir)
     found = holds_run(out)
@@ -112,17 +130,13 @@ def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
                 f"{name}.resume=latest, or start over with {name}.overwrite_output_dir=true"
             )
         return {}
-    saved = out / "config.yaml"
-    if not saved.is_file():
-        return {}
-    old = OmegaConf.to_container(OmegaConf.load(saved))
-    changes = config_changes(old, config_to_dict(cfg), name)
+    changes = changed_since(out, cfg, name)
     refused = shape_changes(changes, name)
     if refused:
         shown = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused[:3])
         raise ConfigError(
             f"{name}.resume: the run in {out} was trained with other weights or data ({shown}); "
-            f"resume with its config ({saved}), or start a new run in another {name}.output_dir"
+            f"resume with its config ({out / 'config.yaml'}), or start a new run in another {name}.output_dir"
         )
     return changes
 

@@ -7,11 +7,10 @@ import pytest
 from support import make_prepared, tiny_config
 
 from bert_mp.core.config import config_to_dict
-from bert_mp.core.process.run_dir import config_changes, shape_changes
+from bert_mp.core.process.run_dir import changed_since, config_changes, shape_changes
 from bert_mp.core.storage.files import read_jsonl
 from bert_mp.errors import ConfigError
 from bert_mp.pretrain.trainer import train
-from bert_mp.sweep.runner import changed_since
 
 
 @pytest.fixture
@@ -96,10 +95,10 @@ def test_which_changes_a_resume_refuses():
 
 def test_sweep_runs_are_keyed_by_their_resolved_config(finished):
     cfg, _, run = finished
-    assert changed_since(run, cfg) == {}
+    assert changed_since(run, cfg, "train") == {}
     cfg.train.max_steps = 40
-    assert changed_since(run, cfg) == {"train.max_steps": (3, 40)}
-    assert changed_since(run.parent / "nothing-here", cfg) == {}
+    assert changed_since(run, cfg, "train") == {"train.max_steps": (3, 40)}
+    assert changed_since(run.parent / "nothing-here", cfg, "train") == {}
 
 
 def test_a_key_the_saved_config_lacks_is_no_change_at_its_default():
