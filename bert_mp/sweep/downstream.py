@@ -29,7 +29,7 @@ from typing import Any
 from bert_mp.core.config import Config, load_config
 from bert_mp.finetune.rerun import RESUME, folder_action
 from bert_mp.sweep import parity
-from bert_mp.sweep.record import FINAL_STATUSES, DownstreamEntry, FinetuneSummary, RunEntry
+from bert_mp.sweep.record import FINAL_STATUSES, DownstreamEntry, FinetuneSummary, RunEntry, record_outcome
 
 DOWNSTREAM_DIR = "downstream"
 
@@ -92,7 +92,7 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
         folder = root / e.dir
         action, why = folder_action(ft_cfg, keep=FINAL_STATUSES, source=checkpoint)
         if action == "keep":
-            _record(e, FinetuneSummary.load(folder), None)
+            record_outcome(e, FinetuneSummary.load(folder), None)
             print(f"bert-mp sweep: {label}: {why}, kept", flush=True)
             continue
         if why:
@@ -101,7 +101,7 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
         e.resumed = action == "resume"
         print(f"bert-mp sweep: {label}: {'resuming' if e.resumed else 'fine-tuning'} ...", flush=True)
         e.returncode, e.wall_s, e.cpu_s, last_error = sweep.execute("finetune", ovs, folder)
-        _record(e, FinetuneSummary.load(folder), last_error)
+        record_outcome(e, FinetuneSummary.load(folder), last_error)
         value = metric_of(e.task, FinetuneSummary.load(folder))
         shown = f": {value.name} {value.value:.4f} ({value.split})" if value.value is not None else ""
         tail = f" ({e.reason})" if e.reason else ""
@@ -110,16 +110,6 @@ def run_downstream(sweep: Any, base_file: Path) -> None:
             flush=True,
         )
         sweep.write_manifest()
-
-
-def _record(e: DownstreamEntry, summary: FinetuneSummary | None, last_error: str | None) -> None:
-    """The entry's status and reason from the fine-tune's summary (none written: failed; the reason
-    then the last error line of its launch.log)."""
-    e.status = summary.status if summary else "failed"
-    failed = e.status != "completed" or (e.returncode not in (None, 0))
-    e.reason = ((summary and (summary.error or summary.stop_reason)) or last_error) if failed else None
-    if e.status == "completed" and failed:  # exited non-zero after a completed summary
-        e.status = "failed"
 
 
 def _check_glue_copy(cfg: Config) -> None:

@@ -207,7 +207,7 @@ def verdict(
     for kind, key in VERDICT_CHECKS:
         name = f"{kind}:{key}"
         seed = _metric_value(kind, spread_cmp[name]) if spread_cmp is not None else None
-        checks[name] = _check(name, _metric_value(kind, comparison[name]), seed, rules, reasons)
+        checks[name] = check_deviation(name, _metric_value(kind, comparison[name]), seed, rules, reasons)
         status = checks[name]["status"]  # "n/a": no such metric (NSP with objective=mlm)
         if status in VERDICTS and VERDICTS.index(status) > VERDICTS.index(worst):
             worst = status
@@ -232,11 +232,12 @@ def stall_reason(run: Curves) -> str | None:
     )
 
 
-def _check(
+def check_deviation(
     name: str, value: float | None, seed: float | None, rules: VerdictRules, reasons: list[str]
 ) -> dict:
     """One check: its deviation over the tolerance ``max(seed spread, min_spread)``, and a reason
-    appended when it does not pass."""
+    appended when it does not pass. The sweep's downstream verdict (:mod:`bert_mp.sweep.downstream`)
+    judges fine-tuned metrics against the fp32 band with it too."""
     if value is None:
         return {"value": None, "seed_spread": seed, "tolerance": None, "ratio": None, "status": "n/a"}
     tol = max(seed if seed is not None and math.isfinite(seed) else 0.0, rules.min_spread)
@@ -250,8 +251,3 @@ def _check(
             f"(warn > {rules.warn_multiplier:g}x, fail > {rules.fail_multiplier:g}x)"
         )
     return {"value": value, "seed_spread": seed, "tolerance": tol, "ratio": ratio, "status": status}
-
-
-check_deviation = _check
-"""One check by the verdict's rule, for other figures than losses: the sweep's downstream verdict
-(:mod:`bert_mp.sweep.downstream`) judges fine-tuned metrics against the fp32 band with it."""

@@ -233,3 +233,14 @@ class FinetuneSummary:
             )
         names = {f.name for f in fields(cls)} - {"raw"}
         return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
+
+
+def record_outcome(entry: Any, summary: Any, last_error: str | None) -> None:
+    """A run's or fine-tune's ``status`` and ``reason`` from its summary (none written: failed); the
+    reason is the summary's error or stop reason, else ``last_error`` (its launch.log's last error
+    line). A non-zero exit after a completed summary is a failure."""
+    entry.status = summary.status if summary else "failed"
+    failed = entry.status != "completed" or entry.returncode not in (None, 0)
+    entry.reason = ((summary and (summary.error or summary.stop_reason)) or last_error) if failed else None
+    if entry.status == "completed" and failed:
+        entry.status = "failed"

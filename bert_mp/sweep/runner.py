@@ -49,6 +49,7 @@ from bert_mp.sweep.record import (
     RunEntry,
     RunSummary,
     SweepRecord,
+    record_outcome,
 )
 
 
@@ -255,13 +256,7 @@ def run_process(cmd: list[str], run_dir: Path) -> tuple[int, float, float]:
 
 def _execute(run: RunEntry, cmd: list[str], run_dir: Path) -> None:
     run.returncode, run.wall_s, run.cpu_s = run_process(cmd, run_dir)
-    log_path = run_dir / "launch.log"
-    summary = RunSummary.load(run_dir)
-    run.status = summary.status if summary else "failed"
-    if run.returncode != 0 or run.status != "completed":
-        run.reason = (summary and (summary.error or summary.stop_reason)) or _last_error(log_path)
-        if run.status == "completed":  # exited non-zero after writing a completed summary
-            run.status = "failed"
+    record_outcome(run, RunSummary.load(run_dir), _last_error(run_dir / "launch.log"))
 
 
 def measurement(run_dir: Path) -> dict[str, Any]:
