@@ -13,12 +13,12 @@ from bert_mp.data.fingerprint import same_data
 from bert_mp.errors import TrainingError
 
 
-def check_resume_data(cfg: Any, section: Any) -> None:
-    """On a ``train`` resume of a run that has its config.yaml: the data check, unless
-    ``train.allow_data_change``."""
+def check_resume_data(cfg: Any, section: Any, folder: Path | None) -> None:
+    """On a ``train`` resume (from ``folder``, the resolved checkpoint) of a run that has its
+    config.yaml: the data check, unless ``train.allow_data_change``."""
     saved = Path(section.output_dir) / "config.yaml"  # without it, a resume starts afresh
-    if section.resume and saved.is_file() and not section.allow_data_change:
-        check_data_unchanged(cfg, Path(section.output_dir) / "checkpoints", section.resume)
+    if folder is not None and saved.is_file() and not section.allow_data_change:
+        check_data_unchanged(cfg, folder)
 
 
 def data_change_error(resumed_from: Any, trained_on: str, data_path: Any, now: str) -> TrainingError:
@@ -31,7 +31,7 @@ def data_change_error(resumed_from: Any, trained_on: str, data_path: Any, now: s
     )
 
 
-def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
+def check_data_unchanged(cfg: Any, folder: Path) -> None:
     """Before any work: refuse a resume whose prepared data now holds other bytes, where that data
     is prepared already (the trainer checks again once it has prepared or loaded it), so that the
     run folder is left as it was (config.yaml included)."""
@@ -41,9 +41,6 @@ def check_data_unchanged(cfg: Any, checkpoints: Path, resume: str) -> None:
     if cfg.train.prepared or not is_complete(
         data
     ):  # train.prepared: the trainer checks once it has loaded it
-        return
-    folder = ckpt.resolve_resume(resume, checkpoints, quiet=True)  # skipped ones are reported elsewhere
-    if folder is None:
         return
     state = ckpt.read_loop_state(folder)
     trained_on = (state.get("meta") or {}).get("data_fingerprint")

@@ -224,7 +224,7 @@ class Trainer(TrainingLoop):
     def check_run_folder(self) -> None:
         """The shared run-folder check, then: a resume onto rebuilt prepared data is refused."""
         super().check_run_folder()
-        check_resume_data(self.cfg, self.tc)
+        check_resume_data(self.cfg, self.tc, self.resume_folder)
 
     # ---- restore and load --------------------------------------------------------------------------
     def restore(self) -> None:
@@ -527,8 +527,6 @@ def train(cfg: Config, data: Any = None, *, build_model: ModelBuilder = build_mo
 
 def command(cfg: Config) -> int:
     """CLI entry: ``bert-mp train [CONFIG.yaml] [key=value ...]`` for the config the CLI loaded and checked."""
-    if cfg.train.resume:
-        ckpt.resolve_resume(cfg.train.resume, Path(cfg.train.output_dir) / "checkpoints", quiet=True)
     summary = train(cfg)
     ev = summary["final_eval"]
     result = (

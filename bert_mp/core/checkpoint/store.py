@@ -95,15 +95,13 @@ def newest_verified(ckpt_dir: Path) -> Path | None:
     return next((p for p in reversed(list_checkpoints(Path(ckpt_dir))) if verify(p) is None), None)
 
 
-def find_latest(ckpt_dir: Path, quiet: bool = False) -> Path | None:
-    """The newest checkpoint that verifies; each newer one is skipped with a one-line warning saying why
-    (``quiet``: without it, for a look-ahead whose caller resolves again and warns then)."""
+def find_latest(ckpt_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies; each newer one is skipped with a one-line warning saying why."""
     for folder in reversed(list_checkpoints(Path(ckpt_dir))):
         problem = verify(folder)
         if problem is None:
             return folder
-        if not quiet:
-            warnings.warn(f"skipping checkpoint {folder}: {problem}", BertMPWarning, stacklevel=2)
+        warnings.warn(f"skipping checkpoint {folder}: {problem}", BertMPWarning, stacklevel=2)
     return None
 
 
@@ -120,13 +118,10 @@ def damaged_outputs(run_dir: Path) -> str | None:
     return None
 
 
-def resolve_resume(
-    resume: str, ckpt_dir: Path, key: str = "train.resume", quiet: bool = False
-) -> Path | None:
-    """``latest`` -> newest complete checkpoint (None when there is none; ``quiet``: skipped ones are
-    not warned about); a path -> that, verified."""
+def resolve_resume(resume: str, ckpt_dir: Path, key: str = "train.resume") -> Path | None:
+    """``latest`` -> newest complete checkpoint (None when there is none); a path -> that, verified."""
     if resume == "latest":
-        return find_latest(ckpt_dir, quiet)
+        return find_latest(ckpt_dir)
     folder = Path(resume).expanduser()
     if (folder / "checkpoints").is_dir() and not (folder / MARKER).is_file():
         raise TrainingError(

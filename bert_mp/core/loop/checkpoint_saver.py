@@ -39,26 +39,26 @@ class Checkpointer:
         self._clock: tuple[float, float] = (time.perf_counter(), 0.0)
         self._warned_space = False
 
-    def restore(self, resume: str | None, state: LoopState) -> str | None:
-        """Load the checkpoint ``resume`` names into the accelerator, ``state`` and the callbacks.
+    def restore(self, resume: str | None, folder: Path | None, state: LoopState) -> str | None:
+        """Load ``folder`` (the checkpoint ``resume`` names, resolved) into the accelerator, ``state``
+        and the callbacks.
 
         Returns the folder resumed from, or None for a fresh start (``latest`` with nothing saved).
         """
-        if resume:
-            folder = ckpt.resolve_resume(resume, self.dir, key=self.resume_key)
-            if folder is None:
-                warnings.warn(
-                    f"{self.resume_key}=latest: no complete checkpoint in {self.dir}; starting fresh",
-                    BertMPWarning,
-                    stacklevel=2,
-                )
-            else:
-                payload = ckpt.load_checkpoint(self.accelerator, folder)
-                self.last_saved = Path(folder)
-                self.restored_meta = payload.get("meta", {})
-                state.load_state_dict(payload)
-                load_callback_states(self.callbacks, payload.get("callbacks", {}))
-        return str(folder) if resume and folder is not None else None
+        if resume and folder is None:
+            warnings.warn(
+                f"{self.resume_key}=latest: no complete checkpoint in {self.dir}; starting fresh",
+                BertMPWarning,
+                stacklevel=2,
+            )
+        if folder is None:
+            return None
+        payload = ckpt.load_checkpoint(self.accelerator, folder)
+        self.last_saved = Path(folder)
+        self.restored_meta = payload.get("meta", {})
+        state.load_state_dict(payload)
+        load_callback_states(self.callbacks, payload.get("callbacks", {}))
+        return str(folder)
 
     def start_clock(self, state: LoopState) -> None:
         """Start timing the loop; a resumed run continues from its checkpointed elapsed time."""

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from bert_mp.core.checkpoint.store import resolve_resume
 from bert_mp.core.engine.strategy import prepare_parts
 from bert_mp.core.loop import setup
 from bert_mp.core.loop.state import (
@@ -101,6 +102,8 @@ class TrainingLoop(abc.ABC):
     """Optimizer steps of a complete run."""
     final_eval_step: int | None = None
     """The step whose evaluation a resume from the final checkpoint logs again (pretraining's)."""
+    resume_folder: Path | None = None
+    """The checkpoint ``<section>.resume`` names, resolved and verified once before any work."""
     resumed_from: str | None
     """The checkpoint folder this run continued from, or None."""
     launcher: LauncherWatch = LauncherWatch(None)
@@ -137,8 +140,14 @@ class TrainingLoop(abc.ABC):
     # ---- what a product builds and runs ------------------------------------------------------------
     def check_run_folder(self) -> None:
         """Before any work, with the run folder held: refuse a silent reuse of it (or a resume that
-        changes the weights' shape) and keep a resume's allowed config changes. Only reads."""
+        changes the weights' shape) and keep a resume's allowed config changes; resolve and verify the
+        checkpoint a resume names (a mistake there costs no start-up). Only reads."""
         self.config_changes = check_output_dir(self.cfg, self.section)
+        if self.section.resume:
+            checkpoints = Path(self.section.output_dir) / "checkpoints"
+            self.resume_folder = resolve_resume(
+                self.section.resume, checkpoints, key=f"{self.section.SECTION}.resume"
+            )
 
     def set_up(self) -> None:
         """Build the run's parts in the one set-up sequence (:func:`bert_mp.core.loop.setup.set_up`)."""
@@ -204,7 +213,7 @@ class TrainingLoop(abc.ABC):
     # ---- restore and start -------------------------------------------------------------------------
     def restore(self) -> None:
         """Model, optimizer, scheduler, scaler, RNG, loop and callback state from ``<section>.resume``."""
-        self.resumed_from = self.checkpointer.restore(self.section.resume, self.state)
+        self.resumed_from = self.checkpointer.restore(self.section.resume, self.resume_folder, self.state)
 
     def start(self) -> None:
         """Open the run log (a resume keeps its rows), the product's start, the clock and the progress bar."""

@@ -43,7 +43,7 @@ class FakeCheckpointer:
     def __init__(self, calls: list[str]):
         self.calls = calls
 
-    def restore(self, resume: str | None, state: LoopState) -> str | None:
+    def restore(self, resume: str | None, folder: Path | None, state: LoopState) -> str | None:
         self.calls.append("restore")
         return None
 
