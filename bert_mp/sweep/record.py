@@ -186,21 +186,9 @@ class RunSummary:
     """The whole file, for the fields the report passes through unread."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> RunSummary:
-        names = {f.name for f in fields(cls)} - {"raw"}
-        required = ("status", "steps", "precision", "versions", "final_eval")
-        missing = [k for k in required if k not in d]
-        if missing:
-            raise ConfigError(f"{where}: missing field(s) {', '.join(missing)} (not a bert-mp train summary)")
-        return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
-
-    @classmethod
     def load(cls, run_dir: Path) -> RunSummary | None:
         """The run's summary, or None when it wrote none (killed early, never started)."""
-        path = Path(run_dir) / SUMMARY
-        if not path.is_file():
-            return None
-        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+        return _load_summary(cls, run_dir, ("versions", "final_eval"), "train")
 
 
 @dataclass
@@ -222,17 +210,21 @@ class FinetuneSummary:
     @classmethod
     def load(cls, run_dir: Path) -> FinetuneSummary | None:
         """The fine-tune's summary, or None when it wrote none."""
-        path = Path(run_dir) / SUMMARY
-        if not path.is_file():
-            return None
-        d = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in ("status", "steps", "precision") if k not in d]
-        if missing:
-            raise ConfigError(
-                f"{path}: missing field(s) {', '.join(missing)} (not a bert-mp finetune summary)"
-            )
-        names = {f.name for f in fields(cls)} - {"raw"}
-        return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
+        return _load_summary(cls, run_dir, (), "finetune")
+
+
+def _load_summary(cls: type, run_dir: Path, required: tuple[str, ...], command: str) -> Any:
+    """``cls`` from ``<run_dir>/summary.json`` (None where there is none); a summary without
+    ``status``, ``steps``, ``precision`` or ``required`` is refused in one line."""
+    path = Path(run_dir) / SUMMARY
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text(encoding="utf-8"))
+    missing = [k for k in ("status", "steps", "precision", *required) if k not in d]
+    if missing:
+        raise ConfigError(f"{path}: missing field(s) {', '.join(missing)} (not a bert-mp {command} summary)")
+    names = {f.name for f in fields(cls)} - {"raw"}
+    return cls(**{k: v for k, v in d.items() if k in names}, raw=d)
 
 
 def record_outcome(entry: Any, summary: Any, last_error: str | None) -> None:
