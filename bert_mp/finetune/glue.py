@@ -18,7 +18,6 @@ here are validation figures, as MosaicBERT's and ModernBERT's GLUE tables are.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from omegaconf import OmegaConf
 from bert_mp.core.config import GLUE_SUITE, Config, config_from_layers, load_yaml
 from bert_mp.core.process import console
 from bert_mp.core.process.hold import hold
-from bert_mp.core.process.run_dir import hold_folder
+from bert_mp.core.process.run_dir import hold_folder, read_summary, saved_config
 from bert_mp.core.storage.files import atomic_write_json, atomic_write_text
 from bert_mp.finetune.glue_args import GlueRequest
 from bert_mp.finetune.glue_data import AVERAGE_EXCLUDES, GlueTask, check_local_copy, glue_task
@@ -77,13 +76,6 @@ def task_config(req: GlueRequest, task: str, extra: list[str] = ()) -> Config:
     )
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def run_task(req: GlueRequest, task: str, label: str) -> tuple[dict[str, Any], bool]:
     """Fine-tune one task (or keep its finished run): its summary.json, and whether it trained now."""
     from bert_mp.finetune.trainer import run_finetune
@@ -92,7 +84,7 @@ def run_task(req: GlueRequest, task: str, label: str) -> tuple[dict[str, Any], b
     action, why = folder_action(cfg)
     if action == "keep":
         console.show(f"bert-mp glue: {label}: {why}, kept")
-        return _read_json(Path(cfg.finetune.output_dir) / "summary.json") or {}, False
+        return read_summary(cfg.finetune.output_dir) or {}, False
     if action != "fresh":
         console.show(
             f"bert-mp glue: {label}: {why}; {'resuming' if action == 'resume' else 'training it again'}"
@@ -136,7 +128,7 @@ def task_result(spec: GlueTask, summary: dict[str, Any], folder: Path) -> dict[s
         splits[split] = {**split_metrics(spec, m, labels), "examples": m["examples"]}
     names = [TITLES[spec.name]] if len(spec.eval_splits) == 1 else ["MNLI-m", "MNLI-mm"]
     scores = {n: 100 * splits[s][spec.score] for n, s in zip(names, spec.eval_splits)}
-    cfg = _read_config(folder)
+    cfg = saved_config(folder)
     entry.update(
         splits=splits,
         scores=scores,
@@ -147,11 +139,6 @@ def task_result(spec: GlueTask, summary: dict[str, Any], folder: Path) -> dict[s
         recipe={k: cfg["finetune"].get(k) for k in RECIPE_KEYS} if cfg else None,
     )
     return entry
-
-
-def _read_config(folder: Path) -> dict | None:
-    path = folder / "config.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
 
 
 def average(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -90,25 +90,35 @@ def config_changes(old: dict, new: dict, section: str) -> dict[str, tuple[Any, A
     }
 
 
+def read_summary(run_dir: Path) -> dict | None:
+    """A run folder's summary.json (None when there is none or it is torn)."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def read_status(run_dir: Path) -> str | None:
     """Only the ``status`` of a run folder's summary.json (None when there is none or it is torn)."""
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))["status"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
-        return None
+    return (read_summary(run_dir) or {}).get("status")
+
+
+def saved_config(folder: Path) -> dict | None:
+    """The config the run in ``folder`` was trained with, as a dict (None: no ``config.yaml`` there)."""
+    from omegaconf import OmegaConf
+
+    path = Path(folder) / "config.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
 
 
 def changed_since(folder: Path, cfg: Any, section: str) -> dict[str, tuple[Any, Any]]:
     """:func:`config_changes` from the config the run in ``folder`` was trained with to ``cfg``
     (no ``config.yaml`` saved there: {})."""
-    from omegaconf import OmegaConf
-
     from bert_mp.core.config import config_to_dict
 
-    saved = Path(folder) / "config.yaml"
-    if not saved.is_file():
-        return {}
-    return config_changes(OmegaConf.to_container(OmegaConf.load(saved)), config_to_dict(cfg), section)
+    saved = saved_config(folder)
+    return {} if saved is None else config_changes(saved, config_to_dict(cfg), section)
 
 
 def shape_changes(changes: dict[str, tuple[Any, Any]], section: str) -> list[str]:
