@@ -121,7 +121,7 @@ def changed_since(folder: Path, cfg: Any, section: str) -> dict[str, tuple[Any, 
     return {} if saved is None else config_changes(saved, config_to_dict(cfg), section)
 
 
-def shape_changes(changes: dict[str, tuple[Any, Any]], section: str) -> list[str]:
+def shape_changes(changes: dict[str, tuple[Any, Any]]) -> list[str]:
     """The changed keys a resume cannot take: the model's shape, the data, the fine-tuning task."""
     keys = {f"model.{k}" for k in _SHAPE_KEYS["model"]} | {f"finetune.{k}" for k in _SHAPE_KEYS["finetune"]}
     data_ok = ("data.num_proc", "data.cache_dir")  # where and how fast it is prepared, not what
@@ -141,7 +141,7 @@ def check_output_dir(cfg: Any, section: Any) -> dict[str, tuple[Any, Any]]:
             )
         return {}
     changes = changed_since(out, cfg, name)
-    refused = shape_changes(changes, name)
+    refused = shape_changes(changes)
     if refused:
         shown = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused[:3])
         raise ConfigError(

@@ -89,7 +89,7 @@ def test_which_changes_a_resume_refuses():
         "data.num_proc",
         "model.num_hidden_layers",
     }
-    assert sorted(shape_changes(changes, "train")) == ["data.max_seq_length", "model.num_hidden_layers"]
+    assert sorted(shape_changes(changes)) == ["data.max_seq_length", "model.num_hidden_layers"]
     assert config_changes(old, new, "finetune") == {}  # fine-tuning reads neither section
 
 
