@@ -109,7 +109,7 @@ if mode == "sweep":  # a sweep: starts a run as bert_mp.sweep.runner does, and s
     from bert_mp.sweep import runner
 
     if sys.argv[2] == "group":
-        os.setpgid(0, 0)  # a process group of its own in this session
+        os.setpgid(0, 0)  # a process group of its own; the Unix session stays the asker's
     routed = getattr(runner.start_run, "__globals__", {})
     if "SCRIPTS" in routed:  # forked: the fork server's popen, for which this probe is one of scripts/
         routed["SCRIPTS"] = Path(__file__).parent
