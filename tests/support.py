@@ -772,6 +772,17 @@ LAUNCH_MODEL = [
 """The tiny model of a launched run (2 layers of width 32)."""
 
 
+TINY_SWEEP_MODEL = [
+    "data.vocab_size=512",
+    "data.max_seq_length=32",
+    "model.hidden_size=32",
+    "model.num_attention_heads=2",
+    "model.intermediate_size=64",
+    "model.max_position_embeddings=64",
+]
+"""The vocabulary, sequence length and model of the CLI's tiny sweeps (width 32, the preset's layers)."""
+
+
 def launch_project(root: Path) -> Path:
     """``root/corpus/a.txt``, ``root/tok`` and the prepared ``root/data/<key>/`` that every launched run
     of a test module reuses (the runs start in ``root``)."""

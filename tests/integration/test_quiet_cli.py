@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import forkserver
-from support import ROOT, cpu_mask_plus
+from support import ROOT, TINY_SWEEP_MODEL, cpu_mask_plus
 from support import finetune_overrides as _overrides
 
 from bert_mp.core.numerics import precision
@@ -97,12 +97,7 @@ def test_sweep_says_a_skip_reason_once_records_conditions_and_stays_quiet(tmp_pa
         "sweep.parity_window=2",
         f"data.cache_dir={tmp_path / 'data'}",
         "data.max_documents=40",
-        "data.vocab_size=512",
-        "data.max_seq_length=32",
-        "model.hidden_size=32",
-        "model.num_attention_heads=2",
-        "model.intermediate_size=64",
-        "model.max_position_embeddings=64",
+        *TINY_SWEEP_MODEL,
         "train.max_steps=4",
         "train.global_batch_size=8",
         "train.micro_batch_size=8",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import forkserver
 import pytest
-from support import ROOT
+from support import ROOT, TINY_SWEEP_MODEL
 
 
 def _tiny_overrides(tmp_path: Path) -> list[str]:
@@ -19,12 +19,7 @@ def _tiny_overrides(tmp_path: Path) -> list[str]:
         "sweep.profile_steps=1",
         f"data.cache_dir={tmp_path / 'data'}",
         "data.max_documents=60",
-        "data.vocab_size=512",
-        "data.max_seq_length=32",
-        "model.hidden_size=32",
-        "model.num_attention_heads=2",
-        "model.intermediate_size=64",
-        "model.max_position_embeddings=64",
+        *TINY_SWEEP_MODEL,
         "train.max_steps=16",
         "train.global_batch_size=8",
         "train.micro_batch_size=8",

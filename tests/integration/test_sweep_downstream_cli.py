@@ -6,7 +6,7 @@ finished fine-tune, and a band made unmeasurable withholds the verdict with the 
 import json
 
 import forkserver
-from support import ROOT, write_csv
+from support import ROOT, TINY_SWEEP_MODEL, write_csv
 
 
 def _overrides(tmp_path):
@@ -21,12 +21,7 @@ def _overrides(tmp_path):
         "sweep.profile_steps=0",
         f"data.cache_dir={tmp_path / 'data'}",
         "data.max_documents=40",
-        "data.vocab_size=512",
-        "data.max_seq_length=32",
-        "model.hidden_size=32",
-        "model.num_attention_heads=2",
-        "model.intermediate_size=64",
-        "model.max_position_embeddings=64",
+        *TINY_SWEEP_MODEL,
         "train.max_steps=3",
         "train.global_batch_size=8",
         "train.micro_batch_size=8",
